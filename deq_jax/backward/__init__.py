@@ -1,0 +1,52 @@
+"""Backward modes: how gradients flow through `deq_jax.fixed_point`.
+
+``ift`` (implicit function theorem, `jax.custom_vjp`), ``phantom`` (damped unrolled
+steps from ``z*``), ``jacobian_free`` (identity in place of the inverse) and
+``unrolled`` (backprop through a `lax.scan` of the iterations). Build them directly or
+by name with `get`.
+"""
+
+from deq_jax._registry import Registry
+from deq_jax.backward.base import Backward
+from deq_jax.backward.ift import BackwardSolveWarning, ift
+from deq_jax.backward.krylov import gmres
+from deq_jax.backward.phantom import jacobian_free, phantom, phantom_steps
+from deq_jax.backward.unrolled import unrolled
+
+_REGISTRY = Registry("backward mode")
+for _ctor in (ift, phantom, jacobian_free, unrolled):
+    _REGISTRY.register(_ctor.__name__, _ctor)
+
+
+def register(name: str, ctor, *, overwrite: bool = False):
+    """Registers a backward-mode constructor (a `Backward` subclass) under ``name``."""
+    return _REGISTRY.register(name, ctor, overwrite=overwrite)
+
+
+def get(name: str, **hyper) -> Backward:
+    """Builds the backward mode registered as ``name``.
+
+    Raises:
+      ValueError: for an unknown name or keyword, listing the valid ones.
+    """
+    return _REGISTRY.get(name, **hyper)
+
+
+def names() -> list[str]:
+    """Registered backward-mode names."""
+    return _REGISTRY.names()
+
+
+__all__ = [
+    "Backward",
+    "BackwardSolveWarning",
+    "get",
+    "gmres",
+    "ift",
+    "jacobian_free",
+    "names",
+    "phantom",
+    "phantom_steps",
+    "register",
+    "unrolled",
+]

@@ -1,0 +1,38 @@
+"""The backward-mode protocol: how gradients flow through a fixed-point solve.
+
+A backward mode is a frozen dataclass. `deq_jax.fixed_point` flattens the state and
+closure-converts ``f``, then calls ``mode.solve(fn, z0, params, solver)`` where
+``fn(z [B, D], params) -> [B, D]`` and ``params`` holds every array that gradients must
+reach (the user's ``args`` and any arrays ``f`` closed over). The mode returns
+``(z_star [B, D], stats)`` with whatever gradient it stands for; ``z0`` never receives
+a gradient.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from deq_jax.solvers.base import Solver, SolverStats
+
+FlatFn = Callable[[jax.Array, Any], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Backward(abc.ABC):
+    """Base class of the backward modes."""
+
+    @property
+    def name(self) -> str:
+        """The registry name of this mode (its constructor's name)."""
+        return type(self).__name__
+
+    @abc.abstractmethod
+    def solve(
+        self, fn: FlatFn, z0: jax.Array, params: Any, solver: Solver
+    ) -> tuple[jax.Array, SolverStats]:
+        """Solves ``z = fn(z, params)`` from ``z0`` with this mode's gradient."""

@@ -1,0 +1,130 @@
+"""Implicit-function-theorem gradients with `jax.custom_vjp`.
+
+At a fixed point ``z* = f(z*, a)``, ``dz*/da = (I - J)^-1 df/da`` with ``J = df/dz``.
+The vector-Jacobian product is ``u^T df/da`` where ``u = u J + g`` (``g`` the incoming
+cotangent): a linear fixed-point problem solved by any forward solver or by GMRES.
+
+References:
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+  Blondel et al., "Efficient and Modular Implicit Differentiation", NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deq_jax.backward.base import Backward, FlatFn
+from deq_jax.backward.krylov import gmres
+from deq_jax.solvers import get as get_solver
+from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.solvers.loop import iterate
+
+ON_FAILURE = ("warn", "nan", "ignore")
+
+
+class BackwardSolveWarning(RuntimeWarning):
+    """The implicit backward linear system did not reach its tolerance."""
+
+
+def _warn_not_converged(converged, abs_residual, nstep):
+    bad = ~np.asarray(converged)
+    warnings.warn(
+        f"IFT backward solve did not converge for {int(bad.sum())} of {bad.size} samples "
+        f"(worst residual {float(np.max(np.asarray(abs_residual)[bad])):.3e} after "
+        f"{int(np.max(np.asarray(nstep)))} steps); gradients may be inaccurate. Raise the "
+        "backward solver's max_iter, or make f more contractive.",
+        BackwardSolveWarning,
+        stacklevel=2,
+    )
+
+
+def _report_failure(stats: SolverStats, grads: Any, on_failure: str) -> Any:
+    ok = jnp.all(stats.converged)
+    if on_failure == "warn":
+        jax.lax.cond(
+            ok,
+            lambda: None,
+            lambda: jax.debug.callback(
+                _warn_not_converged, stats.converged, stats.abs_residual, stats.nstep
+            ),
+        )
+    elif on_failure == "nan":
+        nan_if_bad = lambda x: (
+            jnp.where(ok, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.inexact) else x
+        )
+        grads = jax.tree_util.tree_map(nan_if_bad, grads)
+    return grads
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ift(Backward):  # noqa: N801 - registry name is the constructor name
+    """Implicit differentiation: solve ``u = u J_f(z*) + g``, return ``u^T df/dargs``.
+
+    Attributes:
+      solver: the solver of the backward linear system: a `Solver` (any registered
+        forward solver), a registered solver name, ``"gmres"`` or a `gmres` instance.
+        ``None`` reuses the forward solver.
+      on_failure: what happens when the backward solve misses its tolerance:
+        ``"warn"`` emits a `BackwardSolveWarning` from inside the compiled program (no
+        cost when it converges), ``"nan"`` turns every gradient into NaN so a training
+        loop's finiteness check stops, ``"ignore"`` does neither.
+    """
+
+    solver: Any = None
+    on_failure: str = "warn"
+
+    def __post_init__(self):
+        if self.on_failure not in ON_FAILURE:
+            raise ValueError(
+                f"on_failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}."
+            )
+        if isinstance(self.solver, str):
+            built = gmres() if self.solver == "gmres" else get_solver(self.solver)
+            object.__setattr__(self, "solver", built)
+        elif self.solver is not None and not isinstance(self.solver, (Solver, gmres)):
+            raise ValueError(
+                f"ift(solver=...) takes a Solver, a solver name or 'gmres'; got {self.solver!r}."
+            )
+
+    def solve(self, fn: FlatFn, z0, params, solver):
+        return _ift_solve(self, fn, solver, z0, params)
+
+    def backward_solve(self, fn: FlatFn, z_star, params, g, forward_solver: Solver):
+        """Solves the backward system; returns ``(param cotangents, stats)``."""
+        _, vjp_z = jax.vjp(lambda z: fn(z, params), z_star)
+        vjp_z1 = lambda u: vjp_z(u)[0]
+        linear_solver = self.solver if self.solver is not None else forward_solver
+        if isinstance(linear_solver, gmres):
+            u, stats = linear_solver.solve_linear(vjp_z1, g)
+        else:
+            u, stats = iterate(linear_solver, lambda u: vjp_z1(u) + g, jnp.zeros_like(g))
+        _, vjp_p = jax.vjp(lambda p: fn(z_star, p), params)
+        (grads,) = vjp_p(u)
+        return _report_failure(stats, grads, self.on_failure), stats
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _ift_solve(mode: ift, fn: FlatFn, solver: Solver, z0, params):
+    return iterate(solver, lambda z: fn(z, params), z0)
+
+
+def _ift_fwd(mode, fn, solver, z0, params):
+    z_star, stats = iterate(solver, lambda z: fn(z, params), z0)
+    return (z_star, stats), (z_star, params)
+
+
+def _ift_bwd(mode, fn, solver, residuals, cotangents):
+    z_star, params = residuals
+    g = cotangents[0]
+    grads, _ = mode.backward_solve(fn, z_star, params, g, solver)
+    return jnp.zeros_like(z_star), grads
+
+
+_ift_solve.defvjp(_ift_fwd, _ift_bwd)

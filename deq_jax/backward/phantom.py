@@ -1,0 +1,72 @@
+"""Inexact gradients: phantom gradients and the Jacobian-free backward.
+
+Both solve the forward problem without tracking gradients, then differentiate a few
+cheap steps taken from the fixed point. The returned value is exactly the solver's
+``z*``; only its gradient is the approximation.
+
+References:
+  Geng et al., "On Training Implicit Models", NeurIPS 2021 (phantom gradients).
+  Fung et al., "JFB: Jacobian-Free Backpropagation for Implicit Networks", AAAI 2022.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from deq_jax.backward.base import Backward
+from deq_jax.solvers.loop import iterate
+
+
+def phantom_steps(fn, z_star, params, k: int, tau: float):
+    """``k`` damped steps ``z <- z + tau (fn(z, params) - z)`` from ``z*`` (differentiable)."""
+
+    def body(z, _):
+        return z + tau * (fn(z, params) - z), None
+
+    z, _ = jax.lax.scan(body, z_star, None, length=k)
+    return z
+
+
+def _solve_then_steps(fn, z0, params, solver, k, tau):
+    frozen = jax.lax.stop_gradient(params)
+    z_star, stats = iterate(solver, lambda z: fn(z, frozen), z0)
+    z_star = jax.lax.stop_gradient(z_star)
+    z_k = phantom_steps(fn, z_star, params, k, tau)
+    return z_star + (z_k - jax.lax.stop_gradient(z_k)), stats
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class phantom(Backward):  # noqa: N801 - registry name is the constructor name
+    """Phantom gradient: backprop through ``k`` damped steps from ``z*``.
+
+    As ``k`` grows (for a contractive ``f``) the gradient tends to the exact implicit one.
+
+    Attributes:
+      k: unrolled steps (>= 1).
+      tau: damping of each step, in ``(0, 1]``.
+    """
+
+    k: int = 5
+    tau: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {self.k!r}.")
+        if not 0 < self.tau <= 1:
+            raise ValueError(f"tau must lie in (0, 1], got {self.tau!r}.")
+
+    def solve(self, fn, z0, params, solver):
+        return _solve_then_steps(fn, z0, params, solver, self.k, self.tau)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class jacobian_free(Backward):  # noqa: N801 - registry name is the constructor name
+    """Jacobian-free backprop: the inverse ``(I - J)^-1`` replaced by the identity.
+
+    The gradient is that of one step ``f(z*, args)`` with ``z*`` held constant.
+    """
+
+    def solve(self, fn, z0, params, solver):
+        return _solve_then_steps(fn, z0, params, solver, 1, 1.0)

@@ -1,0 +1,84 @@
+"""`fixed_point`: the one entry point that joins a solver and a backward mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from deq_jax import _flat
+from deq_jax.backward.base import Backward
+from deq_jax.backward.ift import ift
+from deq_jax.solvers.base import Solution, Solver
+
+
+def _check_output(f: Callable[..., Any], z0: Any, args: Any) -> None:
+    out = jax.eval_shape(f, z0, args)
+    z_struct = jax.tree_util.tree_structure(z0)
+    same = jax.tree_util.tree_structure(out) == z_struct and all(
+        jnp.shape(a) == b.shape and jnp.result_type(a) == b.dtype
+        for a, b in zip(jax.tree_util.tree_leaves(z0), jax.tree_util.tree_leaves(out))
+    )
+    if not same:
+        raise ValueError(
+            "f(z, args) must return a pytree with the structure, shapes and dtypes of z0; "
+            f"z0 is {_flat.describe(z0)} but f(z0, args) is {_flat.describe(out)}."
+        )
+
+
+def fixed_point(
+    f: Callable[[Any, Any], Any],
+    z0: Any,
+    args: Any = None,
+    *,
+    solver: Solver,
+    backward: Backward | None = None,
+    batched: bool | None = None,
+) -> Solution:
+    """Solves ``z = f(z, args)`` from ``z0`` and returns the fixed point and statistics.
+
+    Args:
+      f: the cell, ``f(z, args) -> z`` with the structure, shapes and dtypes of ``z``.
+        For a batched state, sample ``b`` of the output may depend only on sample ``b``
+        of ``z`` (samples are independent problems and stop independently).
+      z0: the initial state, a pytree of float arrays. Never receives a gradient.
+      args: a pytree of everything ``f`` depends on (parameters, inputs); gradients
+        reach every float array in it, and any array ``f`` closes over.
+      solver: the forward solver, e.g. ``deq_jax.solvers.anderson(tol=1e-4)``.
+      backward: how gradients flow (`deq_jax.backward`); defaults to ``ift()`` with the
+        forward solver reused for the backward system.
+      batched: whether every leaf of ``z0`` has a leading batch axis. ``None`` means
+        batched unless a leaf is a scalar. Pass ``False`` for a single vector state.
+
+    Returns:
+      A `Solution` with ``value`` (like ``z0``) and per-sample ``stats``.
+
+    Raises:
+      ValueError: if ``f``'s output does not match ``z0`` (both are named), or if ``z0``
+        has no common batch axis while ``batched`` is true.
+
+    References:
+      Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+    """
+    if not isinstance(solver, Solver):
+        raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
+    if backward is None:
+        backward = ift()
+    elif not isinstance(backward, Backward):
+        raise TypeError(f"backward must be a deq_jax backward mode, got {backward!r}.")
+    _check_output(f, z0, args)
+    if batched is None:
+        batched = _flat.infer_batched(z0)
+    layout = _flat.layout_of(z0, batched)
+    z0_flat = jax.lax.stop_gradient(_flat.flatten(z0, layout))
+
+    def fn(z_flat, a):
+        return _flat.flatten(f(_flat.unflatten(z_flat, layout), a), layout)
+
+    fn_closed, consts = jax.closure_convert(fn, z0_flat, args)
+    params = (args, tuple(consts))
+    z_flat, stats = backward.solve(lambda z, p: fn_closed(z, p[0], *p[1]), z0_flat, params, solver)
+    stats = jax.tree_util.tree_map(lambda x: _flat.unbatch_stats(x, layout), stats)
+    return Solution(value=_flat.unflatten(z_flat, layout), stats=stats)

@@ -1,0 +1,66 @@
+"""Fixed-point solvers: pure functions on `jax.lax.while_loop`.
+
+Every solver is a frozen, hashable dataclass of hyper-parameters, built directly
+(``anderson(m=5, tol=1e-4)``) or by name (``get("anderson", m=5)``). The function to
+solve is passed at call time through `deq_jax.fixed_point`.
+"""
+
+from deq_jax._registry import Registry
+from deq_jax.solvers.anderson import AndersonState, anderson, anderson_step, anderson_weights
+from deq_jax.solvers.base import Solution, Solver, SolverStats, residuals
+from deq_jax.solvers.broyden import (
+    BroydenState,
+    broyden,
+    broyden_update,
+    inv_jacobian_matvec,
+    inv_jacobian_rmatvec,
+)
+from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_iteration
+from deq_jax.solvers.loop import LOOPS, iterate
+
+_REGISTRY = Registry("solver")
+for _ctor in (fixed_point_iteration, anderson, broyden):
+    _REGISTRY.register(_ctor.__name__, _ctor)
+
+
+def register(name: str, ctor, *, overwrite: bool = False):
+    """Registers a solver constructor (a `Solver` subclass) under ``name``."""
+    return _REGISTRY.register(name, ctor, overwrite=overwrite)
+
+
+def get(name: str, **hyper) -> Solver:
+    """Builds the solver registered as ``name`` with hyper-parameters ``hyper``.
+
+    Raises:
+      ValueError: for an unknown name or keyword, listing the valid ones.
+    """
+    return _REGISTRY.get(name, **hyper)
+
+
+def names() -> list[str]:
+    """Registered solver names."""
+    return _REGISTRY.names()
+
+
+__all__ = [
+    "AndersonState",
+    "BroydenState",
+    "LOOPS",
+    "Solution",
+    "Solver",
+    "SolverStats",
+    "anderson",
+    "anderson_step",
+    "anderson_weights",
+    "broyden",
+    "broyden_update",
+    "damped_step",
+    "fixed_point_iteration",
+    "get",
+    "inv_jacobian_matvec",
+    "inv_jacobian_rmatvec",
+    "iterate",
+    "names",
+    "register",
+    "residuals",
+]

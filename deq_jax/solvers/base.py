@@ -1,0 +1,122 @@
+"""What every solver shares: hyper-parameters, the result types, the solver protocol.
+
+A solver is a frozen dataclass of hyper-parameters. It never sees pytrees or batches
+of pytrees: `deq_jax.solvers.loop` hands it a flat ``[B, D]`` array (one row per
+independent problem) and a function ``fn: [B, D] -> [B, D]``. A solver implements two
+pure methods:
+
+* ``init(z0) -> aux``: allocates its own state (history buffers) for ``z0 [B, D]``; every
+  array in ``aux`` has the batch axis first and a fixed shape.
+* ``propose(aux, z, fz, k) -> (z_next, aux)``: given the current iterate ``z``, its
+  image ``fz = fn(z)`` and the number ``k >= 1`` of evaluations of ``fn`` made so far,
+  returns the next iterate to evaluate.
+
+The loop (per-sample stopping, best-iterate tracking, divergence, statistics) lives in
+`deq_jax.solvers.loop` and is the same for all solvers. To add a solver, subclass
+`Solver`, implement ``init`` and ``propose``, and `deq_jax.solvers.register` it.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+STOP_MODES = ("abs", "rel")
+
+# Added to ||f(z)|| in the relative residual, as in torchdeq.
+REL_EPS = 1e-8
+
+
+class SolverStats(NamedTuple):
+    """Per-sample statistics of a fixed-point solve.
+
+    Shapes are ``[B]`` for a state batched along axis 0 and ``[]`` for an unbatched one
+    (``trace`` has one more trailing axis of length ``max_iter``).
+
+    Attributes:
+      nstep: evaluations of ``f`` spent on the sample (the initial one included) until
+        it converged, diverged or ran out of budget; ``1 <= nstep <= max_iter``.
+      abs_residual: ``||f(z) - z||_2`` of the returned iterate (``inf`` if no iterate
+        had a finite residual).
+      rel_residual: ``abs_residual / (||f(z)||_2 + 1e-8)`` of the returned iterate.
+      converged: the returned iterate's residual (in the solver's ``stop_mode``) is at
+        most ``tol``.
+      diverged: a non-finite residual was met; the sample was stopped and the best
+        finite iterate returned.
+      trace: the stop-mode residual after each evaluation; entries at and after
+        ``nstep`` hold the returned residual.
+    """
+
+    nstep: jax.Array
+    abs_residual: jax.Array
+    rel_residual: jax.Array
+    converged: jax.Array
+    diverged: jax.Array
+    trace: jax.Array
+
+
+class Solution(NamedTuple):
+    """The result of `deq_jax.fixed_point`: the fixed point and its statistics.
+
+    Attributes:
+      value: the fixed point ``z*``, a pytree like ``z0``; differentiable w.r.t. the
+        ``args`` of the solve according to the backward mode.
+      stats: a `SolverStats` of the forward solve.
+    """
+
+    value: Any
+    stats: SolverStats
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Solver(abc.ABC):
+    """Hyper-parameters common to every solver.
+
+    Attributes:
+      tol: stopping tolerance on the residual of each sample.
+      max_iter: the most evaluations of ``f`` per solve (the first one included).
+      stop_mode: ``"rel"`` stops on ``||f(z) - z|| / ||f(z)||``, ``"abs"`` on
+        ``||f(z) - z||``.
+    """
+
+    tol: float = 1e-4
+    max_iter: int = 50
+    stop_mode: str = "rel"
+
+    def __post_init__(self):
+        if not self.tol > 0:
+            raise ValueError(f"tol must be positive, got {self.tol!r}.")
+        if not isinstance(self.max_iter, int) or self.max_iter < 1:
+            raise ValueError(f"max_iter must be an integer >= 1, got {self.max_iter!r}.")
+        if self.stop_mode not in STOP_MODES:
+            raise ValueError(
+                f"stop_mode must be one of {', '.join(STOP_MODES)}, got {self.stop_mode!r}."
+            )
+
+    @property
+    def name(self) -> str:
+        """The registry name of this solver (its constructor's name)."""
+        return type(self).__name__
+
+    def replace(self, **changes: Any) -> Solver:
+        """A copy with some hyper-parameters changed (e.g. ``max_iter``)."""
+        return dataclasses.replace(self, **changes)
+
+    @abc.abstractmethod
+    def init(self, z0: jax.Array) -> Any:
+        """Allocates the solver's own state for ``z0 [B, D]``."""
+
+    @abc.abstractmethod
+    def propose(self, aux: Any, z: jax.Array, fz: jax.Array, k: jax.Array):
+        """Returns ``(z_next, aux)`` from ``z [B, D]``, ``fz = fn(z)`` and ``k`` evals."""
+
+
+def residuals(z: jax.Array, fz: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Absolute and relative residuals of ``z [B, D]`` given ``fz = f(z)``; each ``[B]``."""
+    abs_res = jnp.linalg.norm(fz - z, axis=-1)
+    rel_res = abs_res / (jnp.linalg.norm(fz, axis=-1) + REL_EPS)
+    return abs_res, rel_res
