@@ -12,7 +12,7 @@ See ``shared/DESIGN.md`` for the architecture: solvers and backward modes at the
 Flax modules (`deq_jax.nn`) above them, then tasks, analysis and training.
 """
 
-from deq_jax import backward, solvers
+from deq_jax import backward, nn, solvers
 from deq_jax.fixed_point import fixed_point
 from deq_jax.solvers.base import Solution, Solver, SolverStats
 
@@ -24,5 +24,6 @@ __all__ = [
     "SolverStats",
     "backward",
     "fixed_point",
+    "nn",
     "solvers",
 ]

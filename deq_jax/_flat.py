@@ -36,6 +36,14 @@ def describe(tree: Any) -> str:
     return f"{treedef} with leaves ({', '.join(parts)})"
 
 
+def same_specs(a: Any, b: Any) -> bool:
+    """Whether two pytrees of arrays (or shape structs) have equal structure, shapes, dtypes."""
+    return jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b) and all(
+        np.shape(u) == np.shape(v) and jnp.result_type(u) == jnp.result_type(v)
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+    )
+
+
 def infer_batched(z0: Any) -> bool:
     """A state is batched along axis 0 unless one of its leaves is a scalar."""
     return all(np.ndim(x) >= 1 for x in jax.tree_util.tree_leaves(z0))

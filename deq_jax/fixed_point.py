@@ -6,7 +6,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from deq_jax import _flat
 from deq_jax.backward.base import Backward
@@ -16,12 +15,7 @@ from deq_jax.solvers.base import Solution, Solver
 
 def _check_output(f: Callable[..., Any], z0: Any, args: Any) -> None:
     out = jax.eval_shape(f, z0, args)
-    z_struct = jax.tree_util.tree_structure(z0)
-    same = jax.tree_util.tree_structure(out) == z_struct and all(
-        jnp.shape(a) == b.shape and jnp.result_type(a) == b.dtype
-        for a, b in zip(jax.tree_util.tree_leaves(z0), jax.tree_util.tree_leaves(out))
-    )
-    if not same:
+    if not _flat.same_specs(out, z0):
         raise ValueError(
             "f(z, args) must return a pytree with the structure, shapes and dtypes of z0; "
             f"z0 is {_flat.describe(z0)} but f(z0, args) is {_flat.describe(out)}."

@@ -35,6 +35,8 @@ class BackwardSolveWarning(RuntimeWarning):
 
 def _warn_not_converged(converged, abs_residual, nstep):
     bad = ~np.asarray(converged)
+    if not bad.any():  # under vmap the guarding cond runs both branches
+        return
     warnings.warn(
         f"IFT backward solve did not converge for {int(bad.sum())} of {bad.size} samples "
         f"(worst residual {float(np.max(np.asarray(abs_residual)[bad])):.3e} after "

@@ -41,7 +41,12 @@ class gmres:  # noqa: N801 - registry-style name
         """Solves ``u = vjp_z(u) + g`` for ``u [B, D]``; stats describe the true residual."""
         matvec = lambda u: u - vjp_z(u)
         u, _ = jax.scipy.sparse.linalg.gmres(
-            matvec, g, tol=self.tol, atol=0.0, restart=self.restart, maxiter=self.max_iter,
+            matvec,
+            g,
+            tol=self.tol,
+            atol=0.0,
+            restart=self.restart,
+            maxiter=self.max_iter,
             solve_method="batched",
         )
         r_abs = jnp.linalg.norm(matvec(u) - g, axis=-1)

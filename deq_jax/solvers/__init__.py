@@ -16,6 +16,7 @@ from deq_jax.solvers.broyden import (
     inv_jacobian_rmatvec,
 )
 from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_iteration
+from deq_jax.solvers.linalg import spd_solve
 from deq_jax.solvers.loop import LOOPS, iterate
 
 _REGISTRY = Registry("solver")
@@ -63,4 +64,5 @@ __all__ = [
     "names",
     "register",
     "residuals",
+    "spd_solve",
 ]

@@ -16,16 +16,18 @@ import jax
 import jax.numpy as jnp
 
 from deq_jax.solvers.base import Solver
+from deq_jax.solvers.linalg import spd_solve
 
 
 class AndersonState(NamedTuple):
-    """Ring buffers of the last ``m`` iterates and their images."""
+    """Ring buffers of the last ``m`` images and residuals, and their Gram matrix."""
 
-    xs: jax.Array  # [B, m, D] past iterates z_i
     fs: jax.Array  # [B, m, D] past images f(z_i)
+    gs: jax.Array  # [B, m, D] past residuals g_i = f(z_i) - z_i
+    gram: jax.Array  # [B, m, m] <g_i, g_j>, updated one row per step
 
 
-def anderson_weights(gs: jax.Array, valid: jax.Array, lam: float) -> jax.Array:
+def anderson_weights(gram: jax.Array, valid: jax.Array, lam: float) -> jax.Array:
     """Mixing weights ``alpha [B, m]`` minimising ``||sum_i alpha_i g_i||`` with sum 1.
 
     Solves ``(G G^T + r I) y = 1`` over the valid slots and returns ``y / sum(y)``, the
@@ -34,35 +36,35 @@ def anderson_weights(gs: jax.Array, valid: jax.Array, lam: float) -> jax.Array:
     states of any magnitude and keeps working near convergence.
 
     Args:
-      gs: residuals ``g_i = f(z_i) - z_i``, ``[B, m, D]``.
+      gram: the Gram matrix ``<g_i, g_j>`` of the residuals in memory, ``[B, m, m]``.
       valid: which of the ``m`` slots hold history, ``[m]`` bool.
       lam: relative ridge regularisation.
 
     Returns:
       ``[B, m]`` weights summing to one, zero on invalid slots.
     """
-    m = gs.shape[1]
-    both = valid[:, None] & valid[None, :]
-    gram = jnp.where(both, jnp.einsum("bid,bjd->bij", gs, gs), 0.0)  # [B, m, m]
+    m = gram.shape[-1]
+    gram = jnp.where(valid[:, None] & valid[None, :], gram, 0.0)
     diag = jnp.diagonal(gram, axis1=1, axis2=2)  # [B, m]
     n_valid = jnp.maximum(jnp.sum(valid), 1)
-    tiny = jnp.sqrt(jnp.finfo(gs.dtype).tiny)
+    tiny = jnp.sqrt(jnp.finfo(gram.dtype).tiny)
     ridge = lam * jnp.sum(diag, axis=1) / n_valid + tiny  # [B]
-    eye = jnp.eye(m, dtype=gs.dtype)
+    eye = jnp.eye(m, dtype=gram.dtype)
     h = gram + eye * jnp.where(valid, ridge[:, None], 1.0)[:, None, :]
-    rhs = jnp.broadcast_to(valid.astype(gs.dtype), (gs.shape[0], m))
-    y = jnp.linalg.solve(h, rhs[..., None])[..., 0]
+    rhs = jnp.broadcast_to(valid.astype(gram.dtype), (gram.shape[0], m))
+    y = spd_solve(h, rhs)
     return y / jnp.sum(y, axis=1, keepdims=True)
 
 
-def anderson_step(
-    xs: jax.Array, fs: jax.Array, alpha: jax.Array, beta: float
-) -> jax.Array:
-    """``beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i``, ``[B, D]``."""
+def anderson_step(fs: jax.Array, gs: jax.Array, alpha: jax.Array, beta: float) -> jax.Array:
+    """``beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i``, ``[B, D]``.
+
+    With ``z_i = f(z_i) - g_i`` this is ``sum_i alpha_i f(z_i) - (1 - beta) sum_i alpha_i g_i``.
+    """
     mixed_f = jnp.einsum("bm,bmd->bd", alpha, fs)
     if beta == 1.0:
         return mixed_f
-    return beta * mixed_f + (1.0 - beta) * jnp.einsum("bm,bmd->bd", alpha, xs)
+    return mixed_f - (1.0 - beta) * jnp.einsum("bm,bmd->bd", alpha, gs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,12 +95,16 @@ class anderson(Solver):  # noqa: N801 - registry name is the constructor name
     def init(self, z0):
         b, d = z0.shape
         zeros = jnp.zeros((b, self.m, d), z0.dtype)
-        return AndersonState(xs=zeros, fs=zeros)
+        return AndersonState(fs=zeros, gs=zeros, gram=jnp.zeros((b, self.m, self.m), z0.dtype))
 
     def propose(self, aux, z, fz, k):
         slot = (k - 1) % self.m
-        xs = jax.lax.dynamic_update_index_in_dim(aux.xs, z, slot, axis=1)
+        g = fz - z
         fs = jax.lax.dynamic_update_index_in_dim(aux.fs, fz, slot, axis=1)
+        gs = jax.lax.dynamic_update_index_in_dim(aux.gs, g, slot, axis=1)
+        row = jnp.einsum("bmd,bd->bm", gs, g)  # [B, m]
+        gram = jax.lax.dynamic_update_index_in_dim(aux.gram, row, slot, axis=1)
+        gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=2)
         valid = jnp.arange(self.m) < jnp.minimum(k, self.m)
-        alpha = anderson_weights(fs - xs, valid, self.lam)
-        return anderson_step(xs, fs, alpha, self.beta), AndersonState(xs, fs)
+        alpha = anderson_weights(gram, valid, self.lam)
+        return anderson_step(fs, gs, alpha, self.beta), AndersonState(fs, gs, gram)

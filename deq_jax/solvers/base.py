@@ -116,7 +116,12 @@ class Solver(abc.ABC):
 
 
 def residuals(z: jax.Array, fz: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Absolute and relative residuals of ``z [B, D]`` given ``fz = f(z)``; each ``[B]``."""
+    """Absolute and relative residuals of ``z [B, D]`` given ``fz = f(z)``; each ``[B]``.
+
+    If ``||f(z)||`` overflows, the relative residual is ``inf`` (not ``0``), so a
+    diverging sample is never mistaken for a converged one.
+    """
     abs_res = jnp.linalg.norm(fz - z, axis=-1)
-    rel_res = abs_res / (jnp.linalg.norm(fz, axis=-1) + REL_EPS)
+    fz_norm = jnp.linalg.norm(fz, axis=-1)
+    rel_res = jnp.where(jnp.isfinite(fz_norm), abs_res / (fz_norm + REL_EPS), jnp.inf)
     return abs_res, rel_res

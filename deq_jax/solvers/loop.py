@@ -127,15 +127,11 @@ def iterate(
         raise ValueError(f"iterate() expects a [B, D] array, got shape {z0.shape}.")
     s = _init(solver, fn, z0)
     if loop == "while":
-        s = jax.lax.while_loop(
-            lambda s: _keep_going(solver, s), lambda s: _step(solver, fn, s), s
-        )
+        s = jax.lax.while_loop(lambda s: _keep_going(solver, s), lambda s: _step(solver, fn, s), s)
     elif loop == "scan":
 
         def scan_body(s, _):
-            s = jax.lax.cond(
-                _keep_going(solver, s), lambda s: _step(solver, fn, s), lambda s: s, s
-            )
+            s = jax.lax.cond(_keep_going(solver, s), lambda s: _step(solver, fn, s), lambda s: s, s)
             return s, None
 
         s, _ = jax.lax.scan(scan_body, s, None, length=solver.max_iter - 1)

@@ -1,0 +1,29 @@
+"""Flax modules for equilibrium models: the DEQ layer, cells, norms and dropout.
+
+`DEQ` wraps any linen cell ``cell(z, x) -> z`` and returns ``(z_star, stats)``; the
+cells (`MLPCell`, `Conv1DCell`, `Conv2DCell`), weight and spectral normalisation and
+`VariationalDropout` (one mask for every iteration) are building blocks for cells.
+
+References:
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+"""
+
+from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
+from deq_jax.nn.deq import DEQ, Z_INITS, initial_state, state_like
+from deq_jax.nn.dropout import VariationalDropout
+from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
+
+__all__ = [
+    "DEQ",
+    "Z_INITS",
+    "Conv1DCell",
+    "Conv2DCell",
+    "MLPCell",
+    "SpectralNorm",
+    "VariationalDropout",
+    "WeightNormConv",
+    "WeightNormDense",
+    "initial_state",
+    "state_like",
+    "weight_norm_kernel",
+]

@@ -1,0 +1,239 @@
+"""`DEQ`: a Flax module whose output is the fixed point of a cell.
+
+The cell is any linen module called as ``cell(z, x) -> z``; input injection is the
+cell's business. The DEQ layer owns everything about the solve: the initial state,
+the solver and its train/eval iteration budgets, the backward mode, the rngs handed to
+the cell and the returned statistics.
+
+References:
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+  Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent
+  Equilibrium Models Can Better Exploit Test-Time Computation", NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from deq_jax import _flat
+from deq_jax.backward.base import Backward
+from deq_jax.backward.ift import ift
+from deq_jax.fixed_point import fixed_point
+from deq_jax.solvers.anderson import anderson
+from deq_jax.solvers.base import Solver, SolverStats
+
+Z_INITS = ("zeros", "normal", "mixed")
+
+
+def float_dtype(dtype: Any) -> Any:
+    """``dtype`` if it is a float dtype, else the default float dtype (for int inputs)."""
+    if jnp.issubdtype(dtype, jnp.inexact):
+        return jnp.dtype(dtype)
+    return jnp.dtype(jnp.result_type(float))
+
+
+def state_like(x: jax.Array, features: int | None = None, dtype: Any = None) -> Any:
+    """The spec of a state shaped like ``x`` with ``features`` channels on the last axis.
+
+    Args:
+      x: the input, ``[B, ..., C]``.
+      features: the state's channels; ``None`` keeps ``C``.
+      dtype: the state's dtype; ``None`` takes ``x``'s float dtype.
+
+    Returns:
+      A `jax.ShapeDtypeStruct` ``[B, ..., features]``, what a cell's ``state_spec``
+      returns in the common case.
+    """
+    shape = x.shape if features is None else (*x.shape[:-1], features)
+    return jax.ShapeDtypeStruct(shape, float_dtype(x.dtype) if dtype is None else dtype)
+
+
+def _mixed_mask(key: jax.Array, batch: int) -> jax.Array:
+    """``[B]`` bool, true for the samples that start from a Gaussian, false for zeros.
+
+    Exactly ``B // 2`` samples start at zero (plus one more with probability 1/2 when
+    ``B`` is odd), chosen at random, so each sample is zero with probability 1/2.
+    """
+    k_perm, k_coin = jax.random.split(key)
+    n_zero = batch // 2 + (batch % 2) * jax.random.bernoulli(k_coin).astype(jnp.int32)
+    return jax.random.permutation(k_perm, batch) >= n_zero
+
+
+def initial_state(spec: Any, z_init: str, key: jax.Array | None) -> Any:
+    """Builds an initial state for the spec (a pytree of shapes and dtypes).
+
+    Args:
+      spec: a pytree of `jax.ShapeDtypeStruct` (or arrays), each ``[B, ...]``.
+      z_init: ``"zeros"``, ``"normal"`` (standard Gaussian) or ``"mixed"`` (each sample
+        zeros or Gaussian with probability 1/2, exactly half the batch zeros).
+      key: the rng key for ``"normal"`` and ``"mixed"``.
+
+    Returns:
+      A pytree of arrays like ``spec``.
+
+    References:
+      Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+      Computation", NeurIPS 2022 (the mixed initialisation).
+    """
+    if z_init not in Z_INITS:
+        raise ValueError(f"z_init must be one of {', '.join(Z_INITS)}, got {z_init!r}.")
+    leaves, treedef = jax.tree_util.tree_flatten(spec)
+    if z_init == "zeros":
+        return jax.tree_util.tree_unflatten(treedef, [jnp.zeros(s.shape, s.dtype) for s in leaves])
+    k_mask, *keys = jax.random.split(key, len(leaves) + 1)
+    noise = [jax.random.normal(k, s.shape, s.dtype) for k, s in zip(keys, leaves, strict=True)]
+    if z_init == "mixed":
+        batch = leaves[0].shape[0]
+        keep = _mixed_mask(k_mask, batch)  # [B]
+        noise = [jnp.where(keep.reshape((batch,) + (1,) * (z.ndim - 1)), z, 0) for z in noise]
+    return jax.tree_util.tree_unflatten(treedef, noise)
+
+
+def _check_cell_output(f, z0: Any, args: Any) -> None:
+    out = jax.eval_shape(f, z0, args)
+    if not _flat.same_specs(out, z0):
+        raise ValueError(
+            "cell(z, x) must return a state with the structure, shapes and dtypes of z; z is "
+            f"{_flat.describe(z0)} but cell(z, x) is {_flat.describe(out)}. Give the cell a "
+            "state_spec(x) method (see deq_jax.nn.state_like) or pass z0 explicitly."
+        )
+
+
+class DEQ(nn.Module):
+    """A deep equilibrium layer: returns ``z*`` with ``z* = cell(z*, x)``.
+
+    The state. The cell may define ``state_spec(self, x)`` returning a pytree of
+    `jax.ShapeDtypeStruct` (each with the batch axis first); `state_like` covers the
+    common case ``[B, ..., features]``, and the cells of `deq_jax.nn.cells` define it.
+    A cell without ``state_spec`` has a state shaped like ``x`` (an array then). An
+    explicit ``z0`` argument overrides ``z_init`` and must match the spec if the cell
+    declares one.
+
+    Train and eval. ``train`` is a required keyword. In training, the DEQ draws one key
+    from the ``"dropout"`` rng stream per call (if the caller supplied that stream) and
+    hands the same key to every cell evaluation, so `VariationalDropout` keeps one mask
+    for the whole solve; at eval no dropout rng reaches the cell. Stateful layers such
+    as `SpectralNorm` update their ``"batch_stats"`` once per forward pass: when
+    training with that collection mutable, the cell is called once at ``z0`` outside
+    the solve; inside the solve every collection is read-only.
+
+    Budgets. The solver's ``max_iter`` is replaced by ``train_max_iter`` or
+    ``eval_max_iter`` (whichever matches ``train``, if set), and by the ``max_iter``
+    call argument above both (for sweeping the test-time budget).
+
+    Attributes:
+      cell: a linen module, ``cell(z, x) -> z``, deterministic given ``z``, ``x`` and
+        the ``"dropout"`` key.
+      solver: the forward solver (a `deq_jax.solvers` object), ``anderson()`` by default.
+      backward: the backward mode (a `deq_jax.backward` object), ``ift()`` by default.
+      z_init: the initial state when no ``z0`` is given: ``"zeros"``, ``"normal"`` or
+        ``"mixed"`` (see `initial_state`); the last two draw from the ``"z0"`` rng
+        stream. (Named ``z_init`` because ``init`` is `flax.linen.Module.init`.)
+      train_max_iter: the solver budget when ``train=True``; ``None`` keeps the solver's.
+      eval_max_iter: the solver budget when ``train=False``; ``None`` keeps the solver's.
+
+    Example::
+
+        model = DEQ(MLPCell(features=32), solver=dj.solvers.anderson(tol=1e-4))
+        variables = model.init(key, x, train=False)
+        (z_star, stats), _ = model.apply(variables, x, train=True,
+                                         rngs={"dropout": k1}, mutable=["batch_stats"])
+
+    References:
+      Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+      Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+      Computation", NeurIPS 2022.
+    """
+
+    cell: nn.Module
+    solver: Solver = anderson()
+    backward: Backward = ift()
+    z_init: str = "zeros"
+    train_max_iter: int | None = None
+    eval_max_iter: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.solver, Solver):
+            raise TypeError(f"solver must be a deq_jax Solver, got {self.solver!r}.")
+        if not isinstance(self.backward, Backward):
+            raise TypeError(f"backward must be a deq_jax backward mode, got {self.backward!r}.")
+        if self.z_init not in Z_INITS:
+            raise ValueError(f"z_init must be one of {', '.join(Z_INITS)}, got {self.z_init!r}.")
+        for name in ("train_max_iter", "eval_max_iter"):
+            budget = getattr(self, name)
+            if budget is not None and (not isinstance(budget, int) or budget < 1):
+                raise ValueError(f"{name} must be None or an integer >= 1, got {budget!r}.")
+        super().__post_init__()
+
+    def solver_for(self, train: bool, max_iter: int | None = None) -> Solver:
+        """The forward solver used for a call with these ``train`` and ``max_iter``."""
+        budget = max_iter
+        if budget is None:
+            budget = self.train_max_iter if train else self.eval_max_iter
+        return self.solver if budget is None else self.solver.replace(max_iter=budget)
+
+    def state_spec(self, x: jax.Array) -> Any:
+        """The state's spec for input ``x``: the cell's ``state_spec(x)``, else like ``x``."""
+        spec_fn = getattr(self.cell, "state_spec", None)
+        return spec_fn(x) if callable(spec_fn) else state_like(x)
+
+    @nn.compact
+    def __call__(
+        self, x: Any, z0: Any = None, *, train: bool, max_iter: int | None = None
+    ) -> tuple[Any, SolverStats]:
+        """Solves ``z = cell(z, x)``.
+
+        Args:
+          x: the input injected into the cell at every iteration (any pytree the cell
+            takes), batched along axis 0.
+          z0: an explicit initial state; ``None`` builds one from ``z_init``.
+          train: training mode (dropout rng, stats updates, ``train_max_iter``).
+          max_iter: overrides the budget for this call (a Python int, static under
+            `jax.jit`). An ``ift()`` without its own solver reuses this budget backward.
+
+        Returns:
+          ``(z_star, stats)``: the fixed point (like the state, differentiable w.r.t. the
+          cell's parameters and ``x`` through the backward mode) and the solver's
+          per-sample `deq_jax.SolverStats`.
+
+        Raises:
+          ValueError: if the cell's output does not match the state, an explicit ``z0``
+            does not match the cell's ``state_spec``, or ``z_init`` needs a ``"z0"`` rng
+            that was not supplied.
+        """
+        solver = self.solver_for(train, max_iter)
+        if z0 is None:
+            key = None
+            if self.z_init != "zeros":
+                if not (self.has_rng("z0") or self.has_rng("params")):
+                    raise ValueError(
+                        f"z_init={self.z_init!r} draws the initial state from the 'z0' rng "
+                        "stream: pass rngs={'z0': key} to apply, or give z0 explicitly."
+                    )
+                key = self.make_rng("z0")
+            z0 = initial_state(self.state_spec(x), self.z_init, key)
+        elif callable(getattr(self.cell, "state_spec", None)):
+            spec = self.cell.state_spec(x)
+            if not _flat.same_specs(z0, spec):
+                raise ValueError(
+                    f"z0 must match the cell's state_spec(x), {_flat.describe(spec)}; "
+                    f"got {_flat.describe(z0)}."
+                )
+        if self.is_initializing() or (train and self.is_mutable_collection("batch_stats")):
+            self.cell(z0, x)  # creates the variables / updates stats once per forward
+        module, variables = self.cell.unbind()
+        dropout_key = self.make_rng("dropout") if train and self.has_rng("dropout") else None
+
+        def f(z, args):
+            cell_vars, x_in, key = args
+            rngs = None if key is None else {"dropout": key}
+            return module.apply(cell_vars, z, x_in, rngs=rngs)
+
+        args = (variables, x, dropout_key)
+        _check_cell_output(f, z0, args)
+        sol = fixed_point(f, z0, args, solver=solver, backward=self.backward)
+        return sol.value, sol.stats

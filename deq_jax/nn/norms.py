@@ -1,0 +1,182 @@
+"""Weight normalisation and spectral normalisation for equilibrium cells.
+
+Both re-parametrise a layer's kernel to control the Lipschitz constant of the cell,
+which keeps the fixed-point problem solvable during training.
+
+* `WeightNormDense` / `WeightNormConv`: ``w = g * v / ||v||`` with one norm and one
+  scale ``g`` per output feature, the parametrisation used throughout the DEQ papers.
+  ``g`` starts at ``||v||`` so the layer starts exactly as its plain counterpart.
+* `SpectralNorm`: flax's `flax.linen.SpectralNorm` wrapper (``w / sigma_max(w)`` by
+  power iteration) whose ``update_stats`` defaults to "is the stats collection
+  mutable?". Inside a cell, write ``SpectralNorm(nn.Dense(n))(z)``: the power-iteration
+  vector ``u`` is then updated only where the caller made ``"batch_stats"`` mutable.
+  `deq_jax.nn.DEQ` evaluates its cell once outside the solve when it is training with
+  ``mutable=["batch_stats"]`` and runs every solver iteration with the collection
+  immutable, so ``u`` advances once per forward pass and the map being solved is the
+  same at every iteration.
+
+References:
+  Salimans & Kingma, "Weight Normalization: A Simple Reparameterization to Accelerate
+  Training of Deep Neural Networks", NeurIPS 2016.
+  Miyato, Kataoka, Koyama & Yoshida, "Spectral Normalization for Generative
+  Adversarial Networks", ICLR 2018.
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Initializer = Callable[..., jax.Array]
+
+
+def weight_norm_kernel(v: jax.Array, g: jax.Array, eps: float = 1e-12) -> jax.Array:
+    """The weight-normalised kernel ``g * v / ||v||``.
+
+    Args:
+      v: the direction, ``[..., out]``; the norm is taken over every axis but the last.
+      g: the scale, ``[out]``.
+      eps: added under the square root.
+
+    Returns:
+      A kernel like ``v`` whose slice ``[..., j]`` has Euclidean norm ``|g[j]|``.
+    """
+    axes = tuple(range(v.ndim - 1))
+    norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=axes, keepdims=True) + eps)  # [1, ..., out]
+    return v * (g / norm)
+
+
+def _norm_of(v: jax.Array) -> jax.Array:
+    return jnp.sqrt(jnp.sum(jnp.square(v), axis=tuple(range(v.ndim - 1))))
+
+
+class WeightNormDense(nn.Module):
+    """A dense layer with a weight-normalised kernel, ``y = x (g * v / ||v||) + b``.
+
+    Parameters: ``kernel`` (``v``, ``[in, features]``), ``scale`` (``g``,
+    ``[features]``, initialised to the column norms of ``v``) and ``bias``.
+
+    Attributes:
+      features: output size.
+      use_bias: whether to add a bias.
+      kernel_init: initialiser of ``v``.
+      bias_init: initialiser of the bias.
+      param_dtype: dtype of the parameters.
+
+    References:
+      Salimans & Kingma, "Weight Normalization", NeurIPS 2016.
+    """
+
+    features: int
+    use_bias: bool = True
+    kernel_init: Initializer = nn.initializers.lecun_normal()
+    bias_init: Initializer = nn.initializers.zeros
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [..., in] -> [..., features]``."""
+        v = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
+        g = self.param("scale", lambda _: _norm_of(v))
+        y = jnp.dot(x, weight_norm_kernel(v, g))  # [..., features]
+        if self.use_bias:
+            y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        return y
+
+
+class WeightNormConv(nn.Module):
+    """An N-d convolution (channels last) with a weight-normalised kernel.
+
+    Parameters: ``kernel`` (``v``, ``[*kernel_size, in, features]``), ``scale`` (``g``,
+    ``[features]``, initialised to the per-output-channel norms of ``v``) and ``bias``.
+    The input is ``[B, *spatial, in]`` with ``len(spatial) == len(kernel_size)``.
+
+    Attributes:
+      features: output channels.
+      kernel_size: the window, e.g. ``(3,)`` for sequences or ``(3, 3)`` for images.
+      strides: window strides (an int applies to every spatial axis).
+      padding: ``"SAME"``, ``"VALID"`` or explicit ``[(lo, hi), ...]`` pairs.
+      use_bias: whether to add a bias.
+      kernel_init: initialiser of ``v``.
+      bias_init: initialiser of the bias.
+      param_dtype: dtype of the parameters.
+
+    References:
+      Salimans & Kingma, "Weight Normalization", NeurIPS 2016.
+    """
+
+    features: int
+    kernel_size: Sequence[int]
+    strides: int | Sequence[int] = 1
+    padding: Any = "SAME"
+    use_bias: bool = True
+    kernel_init: Initializer = nn.initializers.lecun_normal()
+    bias_init: Initializer = nn.initializers.zeros
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [B, *spatial, in] -> [B, *spatial', features]``."""
+        n = len(self.kernel_size)
+        if x.ndim != n + 2:
+            raise ValueError(
+                f"WeightNormConv with kernel_size {tuple(self.kernel_size)} expects inputs "
+                f"[B, {n} spatial axes, C], got shape {x.shape}."
+            )
+        shape = (*self.kernel_size, x.shape[-1], self.features)
+        v = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        g = self.param("scale", lambda _: _norm_of(v))
+        w = weight_norm_kernel(v, g).astype(x.dtype)  # [*k, in, features]
+        strides = (self.strides,) * n if isinstance(self.strides, int) else tuple(self.strides)
+        spatial = tuple(range(1, n + 1))
+        numbers = jax.lax.ConvDimensionNumbers(
+            lhs_spec=(0, n + 1, *spatial),
+            rhs_spec=(n + 1, n, *range(n)),
+            out_spec=(0, n + 1, *spatial),
+        )
+        y = jax.lax.conv_general_dilated(x, w, strides, self.padding, dimension_numbers=numbers)
+        if self.use_bias:
+            y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+        return y
+
+
+class SpectralNorm(nn.SpectralNorm):
+    """`flax.linen.SpectralNorm` whose ``update_stats`` follows the mutability of its stats.
+
+    Wraps any layer, e.g. ``SpectralNorm(nn.Dense(64))(z)`` or
+    ``SpectralNorm(nn.Conv(64, (3, 3)))(z)``, and divides each of its kernels by an
+    estimate of its largest singular value from ``n_steps`` power iterations started at
+    the stored vector ``u`` (in ``collection_name``, ``"batch_stats"`` by default).
+    Without an explicit ``update_stats``, ``u`` and ``sigma`` are written back exactly
+    when that collection is mutable; under `deq_jax.nn.DEQ` this is once per training
+    forward pass and never inside the solver iterations. Convolution kernels are
+    reshaped to ``[prod(kernel_size) * in, out]`` matrices, as in the paper.
+
+    Attributes: see `flax.linen.SpectralNorm` (``layer_instance``, ``n_steps``, ...).
+
+    References:
+      Miyato, Kataoka, Koyama & Yoshida, "Spectral Normalization for Generative
+      Adversarial Networks", ICLR 2018.
+    """
+
+    @nn.compact
+    def __call__(self, *args, update_stats: bool | None = None, **kwargs):
+        """Calls the wrapped layer with spectrally normalised kernels.
+
+        Args:
+          *args: positional arguments of the wrapped layer.
+          update_stats: whether to store the new ``u`` and ``sigma``; ``None`` means
+            "if the stats collection is mutable".
+          **kwargs: keyword arguments of the wrapped layer.
+
+        Returns:
+          The wrapped layer's output.
+        """
+        if update_stats is None:
+            update_stats = self.is_mutable_collection(self.collection_name)
+        return super().__call__(*args, update_stats=update_stats, **kwargs)

@@ -1,0 +1,75 @@
+"""Tasks: data, splits and metrics, named by configs and known to no training loop.
+
+Every task is built by name and offers one interface, which later tasks copy::
+
+    import deq_jax.tasks as tasks
+
+    task = tasks.get("prefix_sum", data_dir=f"{workdir}/data", train_size=10_000)
+    task.name, task.num_classes          # "prefix_sum", 2
+    task.input_shape                     # one example's input, no batch dim: (32, 1)
+    task.train_split, task.eval_splits   # "train", ("test_16", ..., "test_512")
+    task.splits                          # ("train",) + eval_splits
+    task.prepare()                       # build the data under data_dir if missing
+    task.num_examples(split), task.steps_per_epoch(batch_size)
+
+    # Endless, shuffled per epoch from (seed, epoch), drop_remainder, resumable:
+    for batch in task.train_iterator(batch_size, seed=0, start_step=step,
+                                     process_index=0, process_count=1):
+        batch["inputs"], batch["targets"], batch["mask"], batch["index"]
+
+    # One ordered pass; the last batch is padded with mask=False:
+    for batch in task.eval_iterator("test_64", batch_size):
+        m = task.metrics(logits, batch["targets"], batch["mask"])
+    # m = {"bit_accuracy", "string_accuracy", "count"}; combine batches with
+    # tasks.data.weighted_mean(list_of_m).
+
+``batch_size`` is global: with ``process_count > 1`` each process gets
+``batch_size // process_count`` rows of every global batch (see `deq_jax.tasks.data`).
+Prefix-sum batches are ``{"inputs": float32 [b, L, 1], "targets": int32 [b, L],
+"mask": bool [b], "index": int32 [b]}``; ``L`` differs between splits.
+
+References:
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022.
+  Schwarzschild et al., "Can You Learn an Algorithm? Generalizing from Easy to Hard
+  Problems with Recurrent Networks", NeurIPS 2021.
+"""
+
+from typing import Any
+
+from deq_jax._registry import Registry
+from deq_jax.tasks import data
+from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
+
+_REGISTRY = Registry("task")
+_REGISTRY.register(prefix_sum.__name__, prefix_sum)
+
+
+def register(name: str, ctor, *, overwrite: bool = False):
+    """Registers a task constructor under ``name``."""
+    return _REGISTRY.register(name, ctor, overwrite=overwrite)
+
+
+def get(name: str, **kwargs: Any):
+    """Builds the task registered as ``name`` with keywords ``kwargs``.
+
+    Raises:
+      ValueError: for an unknown name or keyword, listing the valid ones.
+    """
+    return _REGISTRY.get(name, **kwargs)
+
+
+def names() -> list[str]:
+    """Registered task names."""
+    return _REGISTRY.names()
+
+
+__all__ = [
+    "PrefixSumConfig",
+    "PrefixSumTask",
+    "data",
+    "get",
+    "names",
+    "prefix_sum",
+    "register",
+]

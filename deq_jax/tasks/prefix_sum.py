@@ -1,0 +1,379 @@
+"""Prefix sums: map a bit string to the parity of every prefix.
+
+Input ``x`` is a random bit string of length ``L``; the target at position ``i`` is
+``(x_0 + ... + x_i) mod 2``. Models train on 32-bit strings and are tested on longer
+ones (16 to 512 bits), where extrapolation needs more test-time iterations.
+
+The data are generated deterministically from `PrefixSumConfig` (numpy only) and
+stored as a tfds ``GeneratorBasedBuilder`` in ``array_record`` files, read back with
+``as_data_source()`` — TensorFlow is never needed. Splits are ``"train"`` and
+``"test_{L}"`` for each test length.
+
+Uniqueness and overlap: the strings within each split are unique. The test split whose
+length equals ``train_length`` contains no training string; test splits of other lengths
+cannot overlap the training strings. Test strings of one length are drawn independently
+of those of any other length. A split asks for at most as many strings as exist
+(``2**L``, less the training strings at ``train_length``); otherwise the config raises.
+
+References:
+  Schwarzschild et al., "Can You Learn an Algorithm? Generalizing from Easy to Hard
+  Problems with Recurrent Networks", NeurIPS 2021.
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022 (10,000 unique 32-bit training strings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from deq_jax.tasks import data
+
+TRAIN = "train"
+_ENUMERATE_MAX_LENGTH = 20  # up to 2**20 candidates: sample without replacement exactly
+
+_CITATION = """
+@inproceedings{schwarzschild2021can,
+  title={Can You Learn an Algorithm? Generalizing from Easy to Hard Problems with
+         Recurrent Networks},
+  author={Schwarzschild, Avi and Borgnia, Eitan and Gupta, Arjun and Huang, Furong and
+          Vishkin, Uzi and Goldblum, Micah and Goldstein, Tom},
+  booktitle={NeurIPS}, year={2021}}
+@inproceedings{anil2022path,
+  title={Path Independent Equilibrium Models Can Better Exploit Test-Time Computation},
+  author={Anil, Cem and Pokle, Ashwini and Liang, Kaiqu and Treutlein, Johannes and
+          Wu, Yuhuai and Bai, Shaojie and Kolter, J. Zico and Grosse, Roger},
+  booktitle={NeurIPS}, year={2022}}
+"""
+
+
+def _test_split(length: int) -> str:
+    return f"test_{length}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixSumConfig:
+    """What to generate. Hashable; its `name` identifies the data on disk.
+
+    Attributes:
+      seed: seeds every split (train and test draws use independent streams).
+      train_size: number of unique training strings.
+      train_length: bits per training string.
+      test_lengths: one test split ``"test_{L}"`` per length.
+      test_size: strings per test split.
+    """
+
+    seed: int = 0
+    train_size: int = 10_000
+    train_length: int = 32
+    test_lengths: tuple[int, ...] = (16, 32, 48, 64, 128, 256, 512)
+    test_size: int = 10_000
+
+    def __post_init__(self):
+        object.__setattr__(self, "test_lengths", tuple(int(n) for n in self.test_lengths))
+        for field in ("seed", "train_size", "train_length", "test_size"):
+            value = getattr(self, field)
+            least = 0 if field == "seed" else 1
+            if not isinstance(value, int | np.integer) or value < least:
+                raise ValueError(f"PrefixSumConfig.{field} must be >= {least}, got {value!r}.")
+        if not self.test_lengths or min(self.test_lengths) < 1:
+            raise ValueError(f"test_lengths must be positive lengths, got {self.test_lengths}.")
+        if len(set(self.test_lengths)) != len(self.test_lengths):
+            raise ValueError(f"test_lengths must be distinct, got {self.test_lengths}.")
+        for split in self.splits:
+            length, size = self.length(split), self.size(split)
+            taken = self.train_size if split != TRAIN and length == self.train_length else 0
+            if size > 2**length - taken:
+                raise ValueError(
+                    f"Split {split!r} asks for {size} unique {length}-bit strings but only "
+                    f"{2**length - taken} exist (excluding training strings)."
+                )
+
+    @property
+    def name(self) -> str:
+        """A readable name encoding every knob, e.g. ``seed0-train10000x32-test10000x16_32``."""
+        lengths = "_".join(map(str, self.test_lengths))
+        return (
+            f"seed{self.seed}-train{self.train_size}x{self.train_length}"
+            f"-test{self.test_size}x{lengths}"
+        )
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """``("train", "test_16", ...)`` in the order of `test_lengths`."""
+        return (TRAIN,) + tuple(_test_split(n) for n in self.test_lengths)
+
+    def check_split(self, split: str) -> None:
+        """Raises a ValueError naming the valid splits if ``split`` is not one."""
+        if split not in self.splits:
+            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
+
+    def length(self, split: str) -> int:
+        """Bits per string in ``split``."""
+        self.check_split(split)
+        return self.train_length if split == TRAIN else int(split.removeprefix("test_"))
+
+    def size(self, split: str) -> int:
+        """Number of strings in ``split``."""
+        self.check_split(split)
+        return self.train_size if split == TRAIN else self.test_size
+
+
+def cumulative_parity(bits: np.ndarray) -> np.ndarray:
+    """Prefix-sum targets: ``out[..., i] = sum(bits[..., :i + 1]) mod 2``, same dtype."""
+    return (np.cumsum(bits, axis=-1) % 2).astype(bits.dtype)
+
+
+def _to_bits(values: np.ndarray, length: int) -> np.ndarray:
+    """Integers ``[N]`` to their big-endian bits ``[N, length]`` (uint8)."""
+    shifts = np.arange(length - 1, -1, -1, dtype=np.int64)
+    return ((values[:, None].astype(np.int64) >> shifts) & 1).astype(np.uint8)
+
+
+def _to_ints(bits: np.ndarray) -> np.ndarray:
+    """Big-endian bits ``[N, L]`` (L <= 62) to integers ``[N]``."""
+    weights = 2 ** np.arange(bits.shape[1] - 1, -1, -1, dtype=np.int64)
+    return bits.astype(np.int64) @ weights
+
+
+def random_strings(
+    length: int, size: int, rng: np.random.Generator, *, exclude: np.ndarray | None = None
+) -> np.ndarray:
+    """Draws ``size`` distinct random bit strings, none of them in ``exclude``.
+
+    Args:
+      length: bits per string.
+      size: number of strings.
+      rng: the source of randomness; the result is a function of its state.
+      exclude: optional ``[M, length]`` strings that must not be drawn.
+
+    Returns:
+      ``[size, length]`` uint8 array of 0/1, rows distinct, in draw order.
+    """
+    if length < 1:
+        raise ValueError(f"length must be >= 1, got {length}.")
+    exclude = np.zeros((0, length), np.uint8) if exclude is None else np.asarray(exclude)
+    if exclude.ndim != 2 or exclude.shape[1] != length:
+        raise ValueError(f"exclude must be [M, {length}], got shape {exclude.shape}.")
+    if length <= _ENUMERATE_MAX_LENGTH:
+        pool = np.setdiff1d(np.arange(2**length), _to_ints(exclude))
+        if size > len(pool):
+            raise ValueError(f"Only {len(pool)} {length}-bit strings are available, not {size}.")
+        return _to_bits(rng.choice(pool, size=size, replace=False), length)
+    seen = {row.tobytes() for row in np.packbits(exclude.astype(np.uint8), axis=-1)}
+    if size > 2**length - len(seen):
+        raise ValueError(f"Only {2**length - len(seen)} {length}-bit strings are available.")
+    rows = []
+    while len(rows) < size:
+        candidates = rng.integers(0, 2, size=(size - len(rows), length), dtype=np.uint8)
+        for row, key in zip(candidates, np.packbits(candidates, axis=-1), strict=True):
+            if key.tobytes() not in seen:
+                seen.add(key.tobytes())
+                rows.append(row)
+    return np.stack(rows) if rows else np.zeros((0, length), np.uint8)
+
+
+def generate_split(config: PrefixSumConfig, split: str) -> dict[str, np.ndarray]:
+    """Generates one split: ``{"inputs": uint8 [N, L], "targets": uint8 [N, L]}``."""
+    length, size = config.length(split), config.size(split)
+    kind = 0 if split == TRAIN else 1
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, kind, length]))
+    exclude = None
+    if split != TRAIN and length == config.train_length:
+        exclude = generate_split(config, TRAIN)["inputs"]
+    inputs = random_strings(length, size, rng, exclude=exclude)
+    return {"inputs": inputs, "targets": cumulative_parity(inputs)}
+
+
+@dataclasses.dataclass(eq=False)
+class PrefixSumBuilderConfig(tfds.core.BuilderConfig):
+    """A tfds builder config carrying a `PrefixSumConfig` (its name is ``knobs.name``)."""
+
+    knobs: PrefixSumConfig = PrefixSumConfig()
+
+
+class PrefixSum(tfds.core.GeneratorBasedBuilder):
+    """tfds builder for prefix sums; build it with `builder`, not directly."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Initial release."}
+    BUILDER_CONFIGS = [PrefixSumBuilderConfig(name=PrefixSumConfig().name)]
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        bits = tfds.features.Tensor(shape=(None,), dtype=np.uint8)
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="Random bit strings and the parity of each prefix.",
+            features=tfds.features.FeaturesDict({"inputs": bits, "targets": bits}),
+            supervised_keys=("inputs", "targets"),
+            citation=_CITATION,
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager  # Nothing to download.
+        knobs = self.builder_config.knobs
+        return {split: self._generate_examples(knobs, split) for split in knobs.splits}
+
+    def _generate_examples(self, knobs: PrefixSumConfig, split: str):
+        arrays = generate_split(knobs, split)
+        for i, (x, y) in enumerate(zip(arrays["inputs"], arrays["targets"], strict=True)):
+            yield i, {"inputs": x, "targets": y}
+
+
+def builder(config: PrefixSumConfig = PrefixSumConfig(), *, data_dir: str | None = None):
+    """The tfds builder for ``config`` under ``data_dir`` (default ``~/tensorflow_datasets``).
+
+    The data live in ``{data_dir}/prefix_sum/{config.name}/1.0.0``; call
+    ``download_and_prepare()`` to build them (idempotent).
+    """
+    tfds_config = PrefixSum.builder_configs.get(config.name)  # the class's own, if default
+    if tfds_config is None:
+        tfds_config = PrefixSumBuilderConfig(name=config.name, knobs=config)
+    return PrefixSum(config=tfds_config, data_dir=data_dir, file_format="array_record")
+
+
+def data_source(
+    split: str, *, config: PrefixSumConfig = PrefixSumConfig(), data_dir: str | None = None
+):
+    """Builds the dataset if needed and returns the raw random-access source of ``split``.
+
+    Each record is ``{"inputs": uint8 [L], "targets": uint8 [L]}``.
+    """
+    config.check_split(split)
+    b = builder(config, data_dir=data_dir)
+    b.download_and_prepare()
+    return b.as_data_source(split=split)
+
+
+def load(
+    split: str, *, config: PrefixSumConfig = PrefixSumConfig(), data_dir: str | None = None
+) -> dict[str, np.ndarray]:
+    """One split as model-ready arrays, built on first use.
+
+    Returns:
+      ``{"inputs": float32 [N, L, 1] (bits as 0./1.), "targets": int32 [N, L]}``, in
+      generation order.
+    """
+    raw = data.to_arrays(data_source(split, config=config, data_dir=data_dir))
+    return {
+        "inputs": raw["inputs"][..., None].astype(np.float32),  # [N, L, 1]
+        "targets": raw["targets"].astype(np.int32),  # [N, L]
+    }
+
+
+class PrefixSumTask:
+    """The prefix-sum task behind the uniform task interface (see `deq_jax.tasks`).
+
+    Args:
+      config: what to generate.
+      data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
+    """
+
+    name = "prefix_sum"
+    num_classes = 2
+    train_split = TRAIN
+
+    def __init__(self, config: PrefixSumConfig = PrefixSumConfig(), *, data_dir: str | None = None):
+        self.config = config
+        self.data_dir = data_dir
+        self._arrays: dict[str, dict[str, np.ndarray]] = {}
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """``("test_16", ..., "test_512")``."""
+        return self.config.splits[1:]
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The training split followed by `eval_splits`."""
+        return self.config.splits
+
+    @property
+    def input_shape(self) -> tuple[int, int]:
+        """One training example's input shape, ``(train_length, 1)``, for ``model.init``."""
+        return (self.config.train_length, 1)
+
+    def prepare(self) -> None:
+        """Builds the tfds dataset under `data_dir` unless it already exists."""
+        builder(self.config, data_dir=self.data_dir).download_and_prepare()
+
+    def num_examples(self, split: str) -> int:
+        """Number of strings in ``split``."""
+        return self.config.size(split)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Training steps per epoch at a global ``batch_size``."""
+        return data.steps_per_epoch(self.config.train_size, batch_size)
+
+    def arrays(self, split: str) -> dict[str, np.ndarray]:
+        """`load`-ed arrays of ``split``, read once and cached."""
+        if split not in self._arrays:
+            self._arrays[split] = load(split, config=self.config, data_dir=self.data_dir)
+        return self._arrays[split]
+
+    def train_iterator(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        start_step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Iterator[data.Batch]:
+        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`).
+
+        Yields ``{"inputs": float32 [b, L, 1], "targets": int32 [b, L], "mask": bool [b],
+        "index": int32 [b]}`` with ``b = batch_size // process_count``.
+        """
+        return data.train_batches(
+            self.arrays(TRAIN),
+            batch_size,
+            seed=seed,
+            start_step=start_step,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def eval_iterator(
+        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
+    ) -> Iterator[data.Batch]:
+        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
+        self.config.check_split(split)
+        return data.eval_batches(
+            self.arrays(split),
+            batch_size,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    @staticmethod
+    def metrics(logits, targets, mask=None) -> dict:
+        """``bit_accuracy``, ``string_accuracy`` (all bits right) and ``count``.
+
+        See `deq_jax.tasks.data.sequence_accuracy`; logits are ``[B, L, 2]``.
+        """
+        return data.sequence_accuracy(logits, targets, mask)
+
+
+def prefix_sum(
+    *,
+    data_dir: str | None = None,
+    seed: int = 0,
+    train_size: int = 10_000,
+    train_length: int = 32,
+    test_lengths: tuple[int, ...] = (16, 32, 48, 64, 128, 256, 512),
+    test_size: int = 10_000,
+) -> PrefixSumTask:
+    """Builds the prefix-sum task; the registry's constructor (see `PrefixSumConfig`)."""
+    config = PrefixSumConfig(
+        seed=seed,
+        train_size=train_size,
+        train_length=train_length,
+        test_lengths=tuple(test_lengths),
+        test_size=test_size,
+    )
+    return PrefixSumTask(config, data_dir=data_dir)
