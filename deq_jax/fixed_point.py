@@ -30,6 +30,7 @@ def fixed_point(
     solver: Solver,
     backward: Backward | None = None,
     batched: bool | None = None,
+    stats_probe: jax.Array | None = None,
 ) -> Solution:
     """Solves ``z = f(z, args)`` from ``z0`` and returns the fixed point and statistics.
 
@@ -45,6 +46,8 @@ def fixed_point(
         forward solver reused for the backward system.
       batched: whether every leaf of ``z0`` has a leading batch axis. ``None`` means
         batched unless a leaf is a scalar. Pass ``False`` for a single vector state.
+      stats_probe: an optional `deq_jax.backward.stats_probe()`; its gradient carries
+        the backward solve's statistics (see `deq_jax.backward.probe`).
 
     Returns:
       A `Solution` with ``value`` (like ``z0``) and per-sample ``stats``.
@@ -73,6 +76,8 @@ def fixed_point(
 
     fn_closed, consts = jax.closure_convert(fn, z0_flat, args)
     params = (args, tuple(consts))
-    z_flat, stats = backward.solve(lambda z, p: fn_closed(z, p[0], *p[1]), z0_flat, params, solver)
+    z_flat, stats = backward.solve(
+        lambda z, p: fn_closed(z, p[0], *p[1]), z0_flat, params, solver, stats_probe
+    )
     stats = jax.tree_util.tree_map(lambda x: _flat.unbatch_stats(x, layout), stats)
     return Solution(value=_flat.unflatten(z_flat, layout), stats=stats)

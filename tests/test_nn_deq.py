@@ -286,3 +286,18 @@ def test_variational_dropout_layer():
     np.testing.assert_array_equal(explicit, x)
     with pytest.raises(ValueError, match="rate"):
         VariationalDropout(1.0)
+
+
+def test_stats_probe_through_the_module():
+    model = DEQ(MLPCell(features=8), solver=dj.solvers.anderson(tol=1e-5))
+    x = jax.random.normal(jax.random.PRNGKey(0), (4, 8))
+    variables = model.init(jax.random.PRNGKey(1), x, train=False)
+
+    def loss(params, probe):
+        z, _ = model.apply({"params": params}, x, train=True, stats_probe=probe)
+        return jnp.sum(z)
+
+    _, g_probe = jax.grad(loss, argnums=(0, 1))(variables["params"], dj.backward.stats_probe())
+    stats = dj.backward.read_stats_probe(g_probe)
+    assert float(stats["converged_fraction"]) == 1.0
+    assert float(stats["nstep_max"]) >= 2

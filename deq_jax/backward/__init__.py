@@ -11,6 +11,7 @@ from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import BackwardSolveWarning, ift
 from deq_jax.backward.krylov import gmres
 from deq_jax.backward.phantom import jacobian_free, phantom, phantom_steps
+from deq_jax.backward.probe import BACKWARD_STATS, read_stats_probe, stats_probe
 from deq_jax.backward.unrolled import unrolled
 
 _REGISTRY = Registry("backward mode")
@@ -38,6 +39,7 @@ def names() -> list[str]:
 
 
 __all__ = [
+    "BACKWARD_STATS",
     "Backward",
     "BackwardSolveWarning",
     "get",
@@ -47,6 +49,8 @@ __all__ = [
     "names",
     "phantom",
     "phantom_steps",
+    "read_stats_probe",
     "register",
+    "stats_probe",
     "unrolled",
 ]

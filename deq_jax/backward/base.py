@@ -1,7 +1,7 @@
 """The backward-mode protocol: how gradients flow through a fixed-point solve.
 
 A backward mode is a frozen dataclass. `deq_jax.fixed_point` flattens the state and
-closure-converts ``f``, then calls ``mode.solve(fn, z0, params, solver)`` where
+closure-converts ``f``, then calls ``mode.solve(fn, z0, params, solver, probe)`` where
 ``fn(z [B, D], params) -> [B, D]`` and ``params`` holds every array that gradients must
 reach (the user's ``args`` and any arrays ``f`` closed over). The mode returns
 ``(z_star [B, D], stats)`` with whatever gradient it stands for; ``z0`` never receives
@@ -33,6 +33,10 @@ class Backward(abc.ABC):
 
     @abc.abstractmethod
     def solve(
-        self, fn: FlatFn, z0: jax.Array, params: Any, solver: Solver
+        self, fn: FlatFn, z0: jax.Array, params: Any, solver: Solver, probe: Any = None
     ) -> tuple[jax.Array, SolverStats]:
-        """Solves ``z = fn(z, params)`` from ``z0`` with this mode's gradient."""
+        """Solves ``z = fn(z, params)`` from ``z0`` with this mode's gradient.
+
+        ``probe`` is the optional stats probe (`deq_jax.backward.probe`); modes without
+        a backward solve leave it unused, so its gradient is zero.
+        """

@@ -22,6 +22,7 @@ import numpy as np
 
 from deq_jax.backward.base import Backward, FlatFn
 from deq_jax.backward.krylov import gmres
+from deq_jax.backward.probe import encode_stats
 from deq_jax.solvers import get as get_solver
 from deq_jax.solvers.base import Solver, SolverStats
 from deq_jax.solvers.loop import iterate
@@ -95,8 +96,8 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
                 f"ift(solver=...) takes a Solver, a solver name or 'gmres'; got {self.solver!r}."
             )
 
-    def solve(self, fn: FlatFn, z0, params, solver):
-        return _ift_solve(self, fn, solver, z0, params)
+    def solve(self, fn: FlatFn, z0, params, solver, probe=None):
+        return _ift_solve(self, fn, solver, z0, params, probe)
 
     def backward_solve(self, fn: FlatFn, z_star, params, g, forward_solver: Solver):
         """Solves the backward system; returns ``(param cotangents, stats)``."""
@@ -113,20 +114,21 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _ift_solve(mode: ift, fn: FlatFn, solver: Solver, z0, params):
+def _ift_solve(mode: ift, fn: FlatFn, solver: Solver, z0, params, probe):
     return iterate(solver, lambda z: fn(z, params), z0)
 
 
-def _ift_fwd(mode, fn, solver, z0, params):
+def _ift_fwd(mode, fn, solver, z0, params, probe):
     z_star, stats = iterate(solver, lambda z: fn(z, params), z0)
-    return (z_star, stats), (z_star, params)
+    return (z_star, stats), (z_star, params, probe)
 
 
 def _ift_bwd(mode, fn, solver, residuals, cotangents):
-    z_star, params = residuals
+    z_star, params, probe = residuals
     g = cotangents[0]
-    grads, _ = mode.backward_solve(fn, z_star, params, g, solver)
-    return jnp.zeros_like(z_star), grads
+    grads, stats = mode.backward_solve(fn, z_star, params, g, solver)
+    probe_ct = None if probe is None else encode_stats(stats, probe.dtype)
+    return jnp.zeros_like(z_star), grads, probe_ct
 
 
 _ift_solve.defvjp(_ift_fwd, _ift_bwd)

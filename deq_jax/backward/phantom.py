@@ -57,7 +57,7 @@ class phantom(Backward):  # noqa: N801 - registry name is the constructor name
         if not 0 < self.tau <= 1:
             raise ValueError(f"tau must lie in (0, 1], got {self.tau!r}.")
 
-    def solve(self, fn, z0, params, solver):
+    def solve(self, fn, z0, params, solver, probe=None):
         return _solve_then_steps(fn, z0, params, solver, self.k, self.tau)
 
 
@@ -68,5 +68,5 @@ class jacobian_free(Backward):  # noqa: N801 - registry name is the constructor 
     The gradient is that of one step ``f(z*, args)`` with ``z*`` held constant.
     """
 
-    def solve(self, fn, z0, params, solver):
+    def solve(self, fn, z0, params, solver, probe=None):
         return _solve_then_steps(fn, z0, params, solver, 1, 1.0)

@@ -16,5 +16,5 @@ class unrolled(Backward):  # noqa: N801 - registry name is the constructor name
     kept, so the value equals that of the implicit modes.
     """
 
-    def solve(self, fn, z0, params, solver):
+    def solve(self, fn, z0, params, solver, probe=None):
         return iterate(solver, lambda z: fn(z, params), z0, loop="scan")

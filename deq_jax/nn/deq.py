@@ -183,7 +183,13 @@ class DEQ(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: Any, z0: Any = None, *, train: bool, max_iter: int | None = None
+        self,
+        x: Any,
+        z0: Any = None,
+        *,
+        train: bool,
+        max_iter: int | None = None,
+        stats_probe: jax.Array | None = None,
     ) -> tuple[Any, SolverStats]:
         """Solves ``z = cell(z, x)``.
 
@@ -194,6 +200,8 @@ class DEQ(nn.Module):
           train: training mode (dropout rng, stats updates, ``train_max_iter``).
           max_iter: overrides the budget for this call (a Python int, static under
             `jax.jit`). An ``ift()`` without its own solver reuses this budget backward.
+          stats_probe: an optional `deq_jax.backward.stats_probe()` whose gradient
+            carries the backward solve's statistics (see `deq_jax.backward.probe`).
 
         Returns:
           ``(z_star, stats)``: the fixed point (like the state, differentiable w.r.t. the
@@ -235,5 +243,7 @@ class DEQ(nn.Module):
 
         args = (variables, x, dropout_key)
         _check_cell_output(f, z0, args)
-        sol = fixed_point(f, z0, args, solver=solver, backward=self.backward)
+        sol = fixed_point(
+            f, z0, args, solver=solver, backward=self.backward, stats_probe=stats_probe
+        )
         return sol.value, sol.stats
