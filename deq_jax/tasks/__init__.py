@@ -39,10 +39,15 @@ from typing import Any
 
 from deq_jax._registry import Registry
 from deq_jax.tasks import data
+from deq_jax.tasks.images import cifar10, digits
 from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
+from deq_jax.tasks.synthetic_1d import synthetic_1d
 
 _REGISTRY = Registry("task")
 _REGISTRY.register(prefix_sum.__name__, prefix_sum)
+_REGISTRY.register(synthetic_1d.__name__, synthetic_1d)
+_REGISTRY.register(digits.__name__, digits)
+_REGISTRY.register(cifar10.__name__, cifar10)
 
 
 def register(name: str, ctor, *, overwrite: bool = False):

@@ -1,0 +1,10 @@
+"""Analysis of equilibrium models: path independence (the AA score) and convergence."""
+
+from deq_jax.analysis.path_independence import (
+    aa_score,
+    aa_score_deq,
+    derangement,
+    per_sample_cosine,
+)
+
+__all__ = ["aa_score", "aa_score_deq", "derangement", "per_sample_cosine"]

@@ -1,0 +1,38 @@
+"""Regularisers that stabilise equilibrium models, and diagnostics of their stability.
+
+* `jacobian_frobenius`: Hutchinson estimate of ``||J_f(z*)||_F^2 / d`` (a loss term).
+* `spectral_radius`: power-method estimate of ``rho(J_f(z*))`` (a diagnostic).
+* `unrolled_trajectory`, `fixed_point_correction`, `trajectory_weights`,
+  `step_penalty`: losses along the path of the solver.
+
+Example::
+
+    sol = dj.fixed_point(f, z0, (params, x), solver=..., backward=...)
+    jac = dj.regularizers.jacobian_frobenius(f, sol.value, (params, x), key)  # [B]
+    loss = task_loss + gamma * jac.mean()
+
+References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021.
+  Bai, Geng, Savani, Kolter, "Deep Equilibrium Optical Flow Estimation", CVPR 2022.
+"""
+
+from deq_jax.regularizers.jacobian import PROBES, jacobian_frobenius, spectral_radius
+from deq_jax.regularizers.trajectory import (
+    WEIGHTS,
+    fixed_point_correction,
+    step_penalty,
+    trajectory_weights,
+    unrolled_trajectory,
+)
+
+__all__ = [
+    "PROBES",
+    "WEIGHTS",
+    "fixed_point_correction",
+    "jacobian_frobenius",
+    "spectral_radius",
+    "step_penalty",
+    "trajectory_weights",
+    "unrolled_trajectory",
+]

@@ -1,0 +1,274 @@
+"""Image classification: scikit-learn's 8x8 digits and CIFAR-10, behind one interface.
+
+* ``"digits"``: the 1,797 8x8 handwritten digits that ship with scikit-learn (no
+  download). A stratified split from ``seed`` keeps 1,437 for training and 360 for
+  testing. Pixels (0..16) are scaled to ``[0, 1]`` and standardised with the training
+  split's mean and standard deviation.
+* ``"cifar10"``: the tfds ``cifar10`` dataset, read through ``builder.as_data_source()``
+  (random access to ``array_record`` files, decoded with PIL; TensorFlow is never
+  imported). The data must already be prepared under ``data_dir`` in the
+  ``array_record`` format, e.g. with ``tfds build cifar10 --file_format=array_record``
+  on a machine with TensorFlow and a network; pass ``download=True`` to let
+  `ImageTask.prepare` do that. Images are decoded per batch, scaled to ``[0, 1]`` and
+  standardised per channel with the usual CIFAR-10 statistics.
+
+Batches are ``{"inputs": float32 [b, H, W, C], "targets": int32 [b], "mask": bool [b],
+"index": int32 [b]}``; `ImageTask.metrics` takes logits ``[B, 10]`` and returns the
+accuracy.
+
+References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021 (Jacobian-regularised multiscale DEQs on CIFAR-10).
+  Krizhevsky, "Learning Multiple Layers of Features from Tiny Images", 2009.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import tensorflow_datasets as tfds
+
+from deq_jax.tasks import data
+
+TRAIN, TEST = "train", "test"
+SPLITS = (TRAIN, TEST)
+DIGITS_TEST_SIZE = 360
+CIFAR10_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
+CIFAR10_STD = np.array([0.2470, 0.2435, 0.2616], np.float32)
+
+
+def check_split(split: str) -> None:
+    """Raises a ValueError listing the valid splits for an unknown one."""
+    if split not in SPLITS:
+        raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(SPLITS)}.")
+
+
+def classification_accuracy(logits, targets, mask=None) -> dict:
+    """Top-1 accuracy of one label per example; numpy or jax arrays, jittable.
+
+    Args:
+      logits: ``[B, C]`` class scores.
+      targets: ``[B]`` integer labels.
+      mask: optional ``[B]`` bool, which examples count (padding is False).
+
+    Returns:
+      ``{"accuracy": fraction of counted examples classified right, "count": number of
+      counted examples}``; combine batches with `deq_jax.tasks.data.weighted_mean`.
+    """
+    if logits.ndim != 2 or targets.shape != logits.shape[:1]:
+        raise ValueError(
+            f"Expected logits [B, C] and targets [B], got {logits.shape} and {targets.shape}."
+        )
+    correct = jnp.argmax(logits, axis=-1) == targets  # [B]
+    weight = jnp.ones(correct.shape[0]) if mask is None else jnp.asarray(mask, jnp.float32)
+    count = jnp.sum(weight)
+    return {"accuracy": jnp.sum(weight * correct) / jnp.maximum(count, 1.0), "count": count}
+
+
+def load_digits(seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """scikit-learn's digits, split and standardised.
+
+    Args:
+      seed: seeds the stratified train/test split.
+
+    Returns:
+      ``{split: {"inputs": float32 [N, 8, 8, 1], "targets": int32 [N]}}`` with 1,437
+      training and 360 test images; the standardisation uses training statistics only.
+    """
+    # Imported here: scikit-learn is slow to import and only this task needs it.
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sklearn_digits()
+    images = (bunch.images / 16.0).astype(np.float32)[..., None]  # [1797, 8, 8, 1]
+    labels = bunch.target.astype(np.int32)  # [1797]
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=DIGITS_TEST_SIZE, random_state=seed, stratify=labels
+    )
+    mean, std = x_train.mean(), x_train.std()
+    scale = lambda x: ((x - mean) / std).astype(np.float32)
+    return {
+        TRAIN: {"inputs": scale(x_train), "targets": y_train},
+        TEST: {"inputs": scale(x_test), "targets": y_test},
+    }
+
+
+class ImageRecords:
+    """A tfds record source seen as model-ready examples, decoded lazily.
+
+    Maps each record ``{"image": uint8 [H, W, C], "label": int, ...}`` to
+    ``{"inputs": float32 [H, W, C] standardised, "targets": int32 []}``; random access
+    (``len``, ``[i]``, ``__getitems__``) as `deq_jax.tasks.data` expects.
+
+    Args:
+      source: a random-access tfds source (``as_data_source()`` of one split).
+      mean: ``[C]`` per-channel mean of the ``[0, 1]``-scaled pixels.
+      std: ``[C]`` per-channel standard deviation.
+    """
+
+    def __init__(self, source: Any, mean: np.ndarray, std: np.ndarray):
+        self.source, self.mean, self.std = source, mean, std
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _convert(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
+        image = np.asarray(record["image"], np.float32) / 255.0  # [H, W, C]
+        return {
+            "inputs": (image - self.mean) / self.std,
+            "targets": np.asarray(record["label"], np.int32),
+        }
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self._convert(self.source[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [self._convert(r) for r in self.source.__getitems__(list(indices))]
+
+
+def cifar10_builder(data_dir: str | None = None):
+    """The tfds ``cifar10`` builder reading ``{data_dir}/cifar10/<version>``."""
+    return tfds.builder("cifar10", data_dir=data_dir)
+
+
+def cifar10_source(split: str, data_dir: str | None = None) -> ImageRecords:
+    """The prepared ``cifar10`` split as a lazily decoded `ImageRecords` source.
+
+    Raises:
+      FileNotFoundError: if the data are not prepared under ``data_dir``.
+      ValueError: for an unknown split, or data prepared in another file format.
+    """
+    check_split(split)
+    builder = cifar10_builder(data_dir)
+    if not builder.is_prepared():
+        raise FileNotFoundError(
+            f"cifar10 is not prepared under {builder.data_dir}. Build it with "
+            "`tfds build cifar10 --file_format=array_record --data_dir=...` or "
+            "tasks.get('cifar10', download=True).prepare()."
+        )
+    if builder.info.file_format != tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
+        raise ValueError(
+            f"cifar10 under {builder.data_dir} is stored as {builder.info.file_format}; "
+            "random access needs array_record (`tfds convert_format` can convert it)."
+        )
+    return ImageRecords(builder.as_data_source(split=split), CIFAR10_MEAN, CIFAR10_STD)
+
+
+class ImageTask:
+    """An image classification task behind the uniform task interface.
+
+    Args:
+      name: the registry name (``"digits"`` or ``"cifar10"``).
+      input_shape: one image's shape ``(H, W, C)``.
+      sources: ``split -> source`` (a dict of arrays or a record source), built once.
+      prepare_fn: makes the data available (a no-op for generated ones).
+      num_classes: the number of labels.
+    """
+
+    train_split = TRAIN
+    eval_splits = (TEST,)
+    splits = SPLITS
+
+    def __init__(
+        self,
+        name: str,
+        input_shape: tuple[int, int, int],
+        sources: Callable[[str], Any],
+        prepare_fn: Callable[[], None],
+        num_classes: int = 10,
+    ):
+        self.name, self.input_shape, self.num_classes = name, input_shape, num_classes
+        self._make_source, self._prepare = sources, prepare_fn
+        self._sources: dict[str, Any] = {}
+
+    def prepare(self) -> None:
+        """Makes the data available (see the module docstring)."""
+        self._prepare()
+
+    def source(self, split: str) -> Any:
+        """The model-ready source of ``split``, built once."""
+        check_split(split)
+        if split not in self._sources:
+            self._sources[split] = self._make_source(split)
+        return self._sources[split]
+
+    def num_examples(self, split: str) -> int:
+        """Images in ``split``."""
+        return data.num_examples(self.source(split))
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Training steps per epoch at a global ``batch_size``."""
+        return data.steps_per_epoch(self.num_examples(TRAIN), batch_size)
+
+    def train_iterator(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        start_step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Iterator[data.Batch]:
+        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`)."""
+        return data.train_batches(
+            self.source(TRAIN),
+            batch_size,
+            seed=seed,
+            start_step=start_step,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def eval_iterator(
+        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
+    ) -> Iterator[data.Batch]:
+        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
+        return data.eval_batches(
+            self.source(split),
+            batch_size,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    @staticmethod
+    def metrics(logits, targets, mask=None) -> dict:
+        """``{"accuracy", "count"}``; see `classification_accuracy`."""
+        return classification_accuracy(logits, targets, mask)
+
+
+def digits(*, seed: int = 0, data_dir: str | None = None) -> ImageTask:
+    """The 8x8 digits task; the registry's constructor.
+
+    ``data_dir`` is accepted for a uniform call signature and unused (the data ship
+    with scikit-learn).
+    """
+    del data_dir  # Loaded from scikit-learn's package data.
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+
+    def source(split: str) -> dict[str, np.ndarray]:
+        if not arrays:
+            arrays.update(load_digits(seed))
+        return arrays[split]
+
+    return ImageTask("digits", (8, 8, 1), source, lambda: None)
+
+
+def cifar10(*, data_dir: str | None = None, download: bool = False) -> ImageTask:
+    """The CIFAR-10 task; the registry's constructor.
+
+    Args:
+      data_dir: the tfds data directory (default ``~/tensorflow_datasets``).
+      download: let `ImageTask.prepare` download and build the data when missing
+        (needs a network, and TensorFlow to encode the images).
+    """
+
+    def prepare() -> None:
+        builder = cifar10_builder(data_dir)
+        if download and not builder.is_prepared():
+            builder.download_and_prepare(file_format="array_record")
+        cifar10_source(TRAIN, data_dir)
+
+    return ImageTask("cifar10", (32, 32, 3), lambda split: cifar10_source(split, data_dir), prepare)

@@ -1,0 +1,67 @@
+"""The AA score on maps with one fixed point and with several."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from problems import tanh_cell, tanh_problem
+
+import deq_jax as dj
+from deq_jax.analysis import aa_score, aa_score_deq, derangement, per_sample_cosine
+
+
+@pytest.mark.parametrize("n", [2, 3, 16])
+def test_derangement_moves_every_index(n):
+    for seed in range(5):
+        perm = np.asarray(derangement(jax.random.PRNGKey(seed), n))
+        assert sorted(perm) == list(range(n))
+        assert np.all(perm != np.arange(n))
+
+
+def test_derangement_needs_two():
+    with pytest.raises(ValueError, match="at least 2"):
+        derangement(jax.random.PRNGKey(0), 1)
+
+
+def test_per_sample_cosine_on_pytrees():
+    a = {"u": jnp.array([[1.0, 0.0], [1.0, 1.0]]), "v": jnp.zeros((2, 1))}
+    b = {"u": jnp.array([[0.0, 2.0], [2.0, 2.0]]), "v": jnp.zeros((2, 1))}
+    np.testing.assert_allclose(per_sample_cosine(a, b), [0.0, 1.0], atol=1e-6)
+
+
+def test_a_contraction_is_path_independent():
+    w, x = tanh_problem(jax.random.PRNGKey(0), batch=8, d=6, norm=0.7)
+    mean, per = aa_score(
+        tanh_cell,
+        jnp.zeros_like(x),
+        (w, x),
+        solver=dj.solvers.anderson(tol=1e-6),
+        key=jax.random.PRNGKey(1),
+    )
+    assert per.shape == (8,)
+    assert float(mean) > 0.9999
+
+
+def test_a_bistable_map_is_path_dependent():
+    """z = tanh(3 z + x) with small x has two stable fixed points, near +1 and -1."""
+    x = 0.01 * jnp.array([[1.0], [-1.0], [1.0], [-1.0]])
+    f = lambda z, x: jnp.tanh(3.0 * z + x)
+    # From z0 = x-sign starts, samples 0, 2 settle at +0.995 and 1, 3 at -0.995; each
+    # restart from another sample's fixed point lands on the other sign for some pairs.
+    z0 = jnp.sign(x)
+    scores = [
+        float(
+            aa_score(f, z0, x, solver=dj.solvers.anderson(tol=1e-6), key=jax.random.PRNGKey(s))[0]
+        )
+        for s in range(4)
+    ]
+    assert min(scores) < 0.5
+
+
+def test_aa_score_of_a_deq_module():
+    model = dj.nn.DEQ(dj.nn.MLPCell(features=8), solver=dj.solvers.anderson(tol=1e-6))
+    x = jax.random.normal(jax.random.PRNGKey(2), (6, 3))
+    variables = model.init(jax.random.PRNGKey(3), x, train=False)
+    mean, per = aa_score_deq(model, variables, x, key=jax.random.PRNGKey(4))
+    assert per.shape == (6,)
+    assert float(mean) > 0.999
