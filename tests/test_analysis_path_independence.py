@@ -7,7 +7,13 @@ import pytest
 from problems import tanh_cell, tanh_problem
 
 import deq_jax as dj
-from deq_jax.analysis import aa_score, aa_score_deq, derangement, per_sample_cosine
+from deq_jax.analysis import (
+    aa_score,
+    aa_score_deq,
+    adversarial_aa,
+    derangement,
+    per_sample_cosine,
+)
 
 
 @pytest.mark.parametrize("n", [2, 3, 16])
@@ -65,3 +71,55 @@ def test_aa_score_of_a_deq_module():
     mean, per = aa_score_deq(model, variables, x, key=jax.random.PRNGKey(4))
     assert per.shape == (6,)
     assert float(mean) > 0.999
+
+
+def test_adversary_cannot_move_a_contraction():
+    w, x = tanh_problem(jax.random.PRNGKey(5), batch=4, d=6, norm=0.6)
+    result = adversarial_aa(
+        tanh_cell,
+        jnp.zeros_like(x),
+        (w, x),
+        solver=dj.solvers.anderson(tol=1e-6),
+        key=jax.random.PRNGKey(6),
+        steps=10,
+        restarts=2,
+        lbfgs_iters=5,
+    )
+    assert result.per_instance.shape == (4,)
+    assert float(result.aa) > 0.9999
+    assert result.fixed_points.shape == x.shape
+
+
+def test_adversary_finds_other_fixed_points_of_a_multistable_map():
+    """z = tanh(3 z + x) with small x has an unstable fixed point near -x/2, which a
+    solver started at 0 reaches, and two stable ones near +-1 per coordinate; the
+    adversary's starts end at the stable ones, far from the reference."""
+    x = 0.05 * jnp.array([[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0]])
+    f = lambda z, x: jnp.tanh(3.0 * z + x)
+    solver = dj.solvers.anderson(tol=1e-6)
+    result = adversarial_aa(
+        f,
+        jnp.zeros_like(x),
+        x,
+        solver=solver,
+        key=jax.random.PRNGKey(7),
+        steps=20,
+        restarts=2,
+        lbfgs_iters=10,
+    )
+    assert float(result.aa) < 0.5
+    np.testing.assert_allclose(jnp.abs(result.fixed_points), 0.995, atol=0.01)
+    # The attacked fixed points are genuine fixed points.
+    np.testing.assert_allclose(f(result.fixed_points, x), result.fixed_points, atol=1e-5)
+
+
+def test_adversary_rejects_bad_budgets():
+    with pytest.raises(ValueError, match="restarts must be an integer >= 1"):
+        adversarial_aa(
+            lambda z, a: z,
+            jnp.zeros((2, 2)),
+            None,
+            solver=dj.solvers.anderson(),
+            key=jax.random.PRNGKey(0),
+            restarts=0,
+        )

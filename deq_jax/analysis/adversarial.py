@@ -1,0 +1,131 @@
+"""Adversarial initialisations: searching for starts that reach a different fixed point.
+
+A path-independent model reaches the same fixed point from every start; an adversary
+tries to break that by optimising the initial state. Since `deq_jax.fixed_point` never
+differentiates w.r.t. ``z0``, the adversary differentiates an unrolled run of ``steps``
+iterations of the cell from its start (as in the paper), minimises the cosine similarity
+between where that run ends and the reference fixed point with L-BFGS (`optax.lbfgs`),
+then solves from the optimised start with the real solver. Each sample keeps its worst
+result over several random restarts.
+
+References:
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022 (Section 4.2, adversarial initialisations).
+  Liu & Nocedal, "On the limited memory BFGS method for large scale optimization",
+  Math. Programming 1989.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from deq_jax.analysis.path_independence import per_sample_cosine
+from deq_jax.backward.phantom import jacobian_free
+from deq_jax.fixed_point import fixed_point
+from deq_jax.solvers.base import Solver
+
+
+class AttackResult(NamedTuple):
+    """The outcome of `adversarial_aa`.
+
+    Attributes:
+      aa: the attacked AA score, the batch mean of ``per_instance``.
+      per_instance: ``[B]`` cosine similarity between the reference fixed point and the
+        fixed point reached from the worst start found for each sample.
+      fixed_points: the attacked fixed points (like ``z0``), for attacked predictions.
+      starts: the worst starts found (like ``z0``).
+    """
+
+    aa: jax.Array
+    per_instance: jax.Array
+    fixed_points: Any
+    starts: Any
+
+
+def unrolled_run(f: Callable[[Any, Any], Any], z0: Any, args: Any, steps: int) -> Any:
+    """``steps`` plain iterations of ``f`` from ``z0``, differentiable w.r.t. ``z0``."""
+    z, _ = jax.lax.scan(lambda z, _: (f(z, args), None), z0, None, length=steps)
+    return z
+
+
+def adversarial_aa(
+    f: Callable[[Any, Any], Any],
+    z0: Any,
+    args: Any,
+    *,
+    solver: Solver,
+    key: jax.Array,
+    steps: int = 30,
+    restarts: int = 3,
+    lbfgs_iters: int = 20,
+    init_scale: float = 1.0,
+) -> AttackResult:
+    """The AA score under adversarially chosen initial states.
+
+    Args:
+      f: the cell ``f(z, args) -> z``, batched along axis 0.
+      z0: the training-time initial state (the reference fixed point is solved from it).
+      args: the cell's arguments, held fixed.
+      solver: the solver used for the reference and the attacked solves.
+      key: draws the random restarts.
+      steps: unrolled iterations the adversary differentiates through.
+      restarts: random starts (Gaussian with std ``init_scale``), each optimised.
+      lbfgs_iters: L-BFGS iterations per restart.
+      init_scale: the standard deviation of the random starts.
+
+    Returns:
+      An `AttackResult`; ``per_instance`` is at most the AA score from any single start.
+    """
+    for name, value in (("steps", steps), ("restarts", restarts), ("lbfgs_iters", lbfgs_iters)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    args = jax.lax.stop_gradient(args)
+    solve = lambda start: fixed_point(f, start, args, solver=solver, backward=jacobian_free()).value
+    reference = solve(z0)
+
+    def objective(start):
+        return jnp.sum(per_sample_cosine(unrolled_run(f, start, args, steps), reference))
+
+    optimizer = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(objective)
+
+    def optimise(start):
+        def body(carry, _):
+            params, state = carry
+            value, grad = value_and_grad(params, state=state)
+            updates, state = optimizer.update(
+                grad, state, params, value=value, grad=grad, value_fn=objective
+            )
+            return (optax.apply_updates(params, updates), state), None
+
+        (params, _), _ = jax.lax.scan(
+            body, (start, optimizer.init(start)), None, length=lbfgs_iters
+        )
+        return params
+
+    leaves, treedef = jax.tree_util.tree_flatten(z0)
+    worst_cos = jnp.full((leaves[0].shape[0],), jnp.inf, leaves[0].dtype)
+    worst_fp, worst_start = reference, z0
+    for restart_key in jax.random.split(key, restarts):
+        keys = jax.random.split(restart_key, len(leaves))
+        noise = [
+            init_scale * jax.random.normal(k, x.shape, x.dtype)
+            for k, x in zip(keys, leaves, strict=True)
+        ]
+        start = jax.tree_util.tree_unflatten(treedef, noise)
+        start = optimise(start)
+        attacked = solve(start)
+        cos = per_sample_cosine(attacked, reference)
+        worse = cos < worst_cos
+        pick = lambda new, old, worse=worse: jnp.where(
+            worse.reshape((-1,) + (1,) * (new.ndim - 1)), new, old
+        )
+        worst_fp = jax.tree_util.tree_map(pick, attacked, worst_fp)
+        worst_start = jax.tree_util.tree_map(pick, start, worst_start)
+        worst_cos = jnp.minimum(cos, worst_cos)
+    return AttackResult(jnp.mean(worst_cos), worst_cos, worst_fp, worst_start)
