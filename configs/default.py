@@ -1,0 +1,128 @@
+"""Default configuration: every section and knob that `deq_jax.training` reads.
+
+A small prefix-sum DEQ. Run it with::
+
+    python -m launch.main --config configs/default.py --workdir /tmp/deq_default
+
+Override any field from the command line, e.g. ``--config.solver.name=broyden`` or
+``--config.train.steps=500``; an unknown field fails and lists the valid ones.
+
+Sections:
+  task: ``name`` picks `deq_jax.tasks.get(name, ...)`; every other field is a keyword
+    of that task (``data_dir=""`` means ``{workdir}/data``).
+  model: ``name`` picks `deq_jax.nn.models.get(name, ...)`; every other field is an
+    attribute of that model. Its solver and backward mode come from the next sections.
+  solver: ``name`` picks `deq_jax.solvers.get(name, ...)` with ``tol``, ``stop_mode``
+    and the fields of the sub-section named like the solver (``anderson.m``, ...).
+    The iteration budgets are ``model.train_max_iter`` / ``model.eval_max_iter``.
+  backward: ``name`` picks `deq_jax.backward.get(name, ...)` with the fields of the
+    sub-section named like it (``phantom.k``, ...). ``ift.solver=""`` reuses the
+    forward solver for the backward system; a solver name (or ``"gmres"``) uses that
+    one with ``ift.tol`` and ``ift.max_iter``.
+  train: steps, global batch size, optimiser, schedule, clipping, seed,
+    ``stop_at_step`` (end this invocation early, e.g. to fit a job slot; the next run
+    resumes) and ``distributed`` (call `jax.distributed.initialize()` first, for
+    multi-host runs; ``coordinator_address``, ``num_processes`` and ``process_id``
+    are auto-detected on TPU pods and SLURM when left empty, 0 and -1).
+  eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
+    of the task, ``max_batches``: 0 means all) and the final per-length report at
+    ``budget_multipliers`` times the train budget.
+  ckpt: orbax checkpoints every ``every_steps`` and at the end, the last ``keep`` kept.
+  log: progress line and metric interval (``every_steps``), TensorBoard on/off.
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    """The default configuration (see the module docstring)."""
+    config = ConfigDict()
+
+    config.task = ConfigDict(
+        dict(
+            name="prefix_sum",
+            data_dir="",
+            seed=0,
+            train_size=10_000,
+            train_length=32,
+            test_lengths=(16, 32, 48, 64),
+            test_size=1_000,
+        )
+    )
+
+    config.model = ConfigDict(
+        dict(
+            name="prefix_sum_deq",
+            width=32,
+            num_blocks=2,
+            kernel_size=3,
+            num_classes=2,
+            norm="",
+            norm_groups=4,
+            weight_norm=False,
+            dropout_rate=0.0,
+            z_init="zeros",
+            train_max_iter=30,
+            eval_max_iter=30,
+        )
+    )
+
+    config.solver = ConfigDict(
+        dict(
+            name="anderson",
+            tol=1e-3,
+            stop_mode="rel",
+            fixed_point_iteration=dict(tau=1.0),
+            anderson=dict(m=5, beta=1.0, lam=1e-4),
+            broyden=dict(memory=20),
+        )
+    )
+
+    config.backward = ConfigDict(
+        dict(
+            name="ift",
+            ift=dict(solver="", tol=1e-3, max_iter=30, on_failure="ignore"),
+            phantom=dict(k=5, tau=0.5),
+            jacobian_free=dict(),
+            unrolled=dict(),
+        )
+    )
+
+    config.train = ConfigDict(
+        dict(
+            seed=0,
+            steps=1_000,
+            batch_size=64,
+            optimizer="adamw",
+            learning_rate=1e-3,
+            weight_decay=2e-4,
+            b1=0.9,
+            b2=0.999,
+            momentum=0.9,
+            schedule="cosine",
+            warmup_steps=100,
+            end_lr_factor=0.01,
+            grad_clip_norm=1.0,
+            stop_at_step=0,
+            distributed=False,
+            coordinator_address="",
+            num_processes=0,
+            process_id=-1,
+        )
+    )
+
+    config.eval = ConfigDict(
+        dict(
+            every_steps=500,
+            batch_size=250,
+            splits=(),
+            max_batches=0,
+            budget_multipliers=(1, 2, 4),
+        )
+    )
+
+    config.ckpt = ConfigDict(dict(every_steps=500, keep=2, async_save=False))
+
+    config.log = ConfigDict(dict(every_steps=50, tensorboard=True))
+
+    return config

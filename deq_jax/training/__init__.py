@@ -1,0 +1,48 @@
+"""Training: the optax loop, orbax checkpoints, data-parallel sharding and metrics.
+
+The entry point is `train_and_evaluate(config, workdir)`; ``launch/main.py`` turns
+command-line flags into the config. `evaluate_checkpoint` evaluates a saved run on any
+split and solver budget. The pieces are usable on their own: `TrainState`,
+`make_train_step` / `make_eval_step`, `make_optimizer`, `Checkpointer`, the sharding
+helpers and the metric writers.
+
+References:
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022.
+"""
+
+from deq_jax.training import build, sharding
+from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
+from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
+from deq_jax.training.optim import make_optimizer, make_schedule
+from deq_jax.training.setup import Run, setup
+from deq_jax.training.state import TrainState, create_train_state
+from deq_jax.training.steps import classification_loss, make_eval_step, make_train_step
+from deq_jax.training.train import NonFiniteLossError, RunResult, train_and_evaluate
+from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
+
+__all__ = [
+    "CheckpointMismatchError",
+    "Checkpointer",
+    "Evaluator",
+    "MetricWriter",
+    "NonFiniteLossError",
+    "ProgressLogger",
+    "Run",
+    "RunResult",
+    "TrainState",
+    "build",
+    "classification_loss",
+    "create_train_state",
+    "evaluate_checkpoint",
+    "length_report",
+    "make_eval_step",
+    "make_optimizer",
+    "make_schedule",
+    "make_train_step",
+    "read_metrics",
+    "setup",
+    "sharding",
+    "train_and_evaluate",
+]

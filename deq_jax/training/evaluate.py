@@ -1,0 +1,178 @@
+"""Evaluation on any split and solver budget, and the per-length accuracy report.
+
+`Evaluator` runs one full ordered pass over a split (padding rows masked out) with a
+jitted eval step per solver budget. `length_report` evaluates every eval split at
+several multiples of the train budget: for prefix sums, the bit and whole-string
+accuracy per test length, showing whether extra test-time iterations help on longer
+inputs (the path-independence experiment of Anil et al.).
+
+References:
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from deq_jax.training import sharding, steps
+from deq_jax.training.setup import setup
+from deq_jax.training.state import TrainState
+
+REPORT_FILE = "length_generalization.json"
+
+# The keys a batch needs on device; everything else (e.g. "index") stays on the host.
+DEVICE_KEYS = ("inputs", "targets", "mask")
+
+
+def device_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+    """The global, sharded arrays of this process's rows of ``batch``."""
+    return sharding.shard_batch({k: batch[k] for k in DEVICE_KEYS}, mesh)
+
+
+class Evaluator:
+    """Evaluates a model on a task's splits at any solver budget.
+
+    Args:
+      model: the linen model (see `deq_jax.training.steps`).
+      task: a `deq_jax.tasks` task (``eval_iterator``, ``metrics``).
+      mesh: the data-parallel mesh.
+      batch_size: the global eval batch size (a multiple of the device count).
+      max_batches: evaluate at most this many batches per split (0: all).
+    """
+
+    def __init__(self, model: Any, task: Any, mesh: Mesh, batch_size: int, max_batches: int = 0):
+        sharding.check_batch_size(batch_size, mesh, "eval.batch_size")
+        self.model, self.task, self.mesh = model, task, mesh
+        self.batch_size, self.max_batches = batch_size, max_batches
+        self._steps: dict[int | None, Callable[..., Any]] = {}
+
+    def _step(self, max_iter: int | None) -> Callable[..., Any]:
+        if max_iter is None:  # the model's own eval budget, shared with an explicit one
+            max_iter = getattr(self.model, "eval_max_iter", None)
+        if max_iter not in self._steps:
+            self._steps[max_iter] = steps.make_eval_step(
+                self.model, self.task.metrics, self.mesh, max_iter
+            )
+        return self._steps[max_iter]
+
+    def evaluate(self, state: TrainState, split: str, max_iter: int | None = None) -> dict:
+        """Metrics of ``split`` (combined over batches) at solver budget ``max_iter``.
+
+        Args:
+          state: the train state holding the parameters.
+          split: any split of the task.
+          max_iter: the solver budget; ``None`` is the model's eval budget.
+
+        Returns:
+          ``{"loss", <task metrics>, "nstep_mean", "nstep_max", ..., "count"}``.
+        """
+        step = self._step(max_iter)
+        batches = self.task.eval_iterator(
+            split,
+            self.batch_size,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+        )
+        if self.max_batches:
+            batches = itertools.islice(batches, self.max_batches)
+        results = [step(state, device_batch(b, self.mesh)) for b in batches]
+        return steps.combine(jax.device_get(results))
+
+    def evaluate_splits(
+        self, state: TrainState, splits: Sequence[str], max_iter: int | None = None
+    ) -> dict[str, dict]:
+        """`evaluate` on each of ``splits``; ``{split: metrics}``."""
+        return {split: self.evaluate(state, split, max_iter) for split in splits}
+
+
+def length_report(
+    evaluator: Evaluator,
+    state: TrainState,
+    splits: Sequence[str],
+    budgets: dict[str, int],
+) -> dict[str, dict[str, dict]]:
+    """Every split at every named budget: ``{budget_name: {split: metrics}}``.
+
+    Args:
+      evaluator: the `Evaluator` (use ``max_batches=0`` for the full splits).
+      state: the train state.
+      splits: the splits to report, e.g. ``("test_16", "test_32", ...)``.
+      budgets: names to solver budgets, e.g. ``{"1x": 30, "2x": 60, "4x": 120}``.
+    """
+    return {
+        name: evaluator.evaluate_splits(state, splits, max_iter)
+        for name, max_iter in budgets.items()
+    }
+
+
+def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> str:
+    """A plain-text table: one row per (budget, split), one column per metric key."""
+    header = f"{'budget':>8} {'split':>12} " + " ".join(f"{k:>16}" for k in keys)
+    lines = [header]
+    for budget, by_split in report.items():
+        for split, metrics in by_split.items():
+            cells = " ".join(f"{metrics.get(k, float('nan')):>16.4f}" for k in keys)
+            lines.append(f"{budget:>8} {split:>12} {cells}")
+    return "\n".join(lines)
+
+
+def write_report(workdir: str, report: dict, extra: dict | None = None) -> str:
+    """Writes ``{"report": report, **extra}`` to ``{workdir}/length_generalization.json``."""
+    path = os.path.join(workdir, REPORT_FILE)
+    with open(path, "w") as f:
+        json.dump({"report": report, **(extra or {})}, f, indent=2, sort_keys=True)
+    return path
+
+
+def evaluate_checkpoint(
+    config: Any,
+    workdir: str,
+    splits: Sequence[str] = (),
+    max_iters: Sequence[int] = (),
+    emit: Callable[[str], None] = print,
+) -> dict[str, dict[str, dict]]:
+    """Evaluates the latest checkpoint of ``workdir`` on any splits and solver budgets.
+
+    Args:
+      config: the configuration the checkpoint was trained with (``eval.batch_size``
+        applies; every split is evaluated in full).
+      workdir: the run's directory.
+      splits: the splits to evaluate; empty means every eval split of the task.
+      max_iters: solver budgets; empty means ``eval.budget_multipliers`` times
+        ``model.train_max_iter``.
+      emit: receives the printed table.
+
+    Returns:
+      ``{budget_name: {split: metrics}}`` with budget names like ``"max_iter=60"``.
+
+    Raises:
+      FileNotFoundError: if the workdir holds no checkpoint.
+      CheckpointMismatchError: if the checkpoint does not fit the config's model.
+    """
+    run = setup(config, workdir)
+    run.checkpointer.close()
+    if run.start_step == 0:
+        raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} to evaluate.")
+    splits = tuple(splits) or tuple(run.task.eval_splits)
+    if not max_iters:
+        max_iters = [
+            int(round(m * config.model.train_max_iter)) for m in config.eval.budget_multipliers
+        ]
+    evaluator = Evaluator(run.model, run.task, run.mesh, config.eval.batch_size)
+    report = length_report(
+        evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}
+    )
+    keys = [k for k in next(iter(next(iter(report.values())).values())) if k.endswith("accuracy")]
+    emit(
+        f"Checkpoint step {run.start_step} of {workdir}:\n"
+        + format_report(report, keys + ["nstep_mean", "loss"])
+    )
+    return report

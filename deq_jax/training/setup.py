@@ -1,0 +1,92 @@
+"""Everything a run needs before its first step, built from the config and the workdir.
+
+`setup` is shared by training and by checkpoint evaluation: it initialises the
+distributed runtime (if asked), builds the mesh, task, model and optimiser, creates the
+train state and restores the workdir's latest checkpoint into it (replicated over the
+mesh).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from deq_jax.training import build, sharding
+from deq_jax.training.checkpoint import Checkpointer
+from deq_jax.training.optim import make_optimizer
+from deq_jax.training.state import TrainState, create_train_state
+
+
+class Run(NamedTuple):
+    """The components of a run.
+
+    Attributes:
+      mesh: the data-parallel mesh over all devices.
+      task: the `deq_jax.tasks` task.
+      model: the linen model.
+      schedule: the learning-rate schedule.
+      state: the train state, restored if the workdir had a checkpoint, replicated.
+      start_step: the restored step (0 for a fresh run).
+      checkpointer: the workdir's `Checkpointer`.
+    """
+
+    mesh: Mesh
+    task: Any
+    model: Any
+    schedule: optax.Schedule
+    state: TrainState
+    start_step: int
+    checkpointer: Checkpointer
+
+
+def setup(config: Any, workdir: str) -> Run:
+    """Builds the run ``config`` describes and restores ``workdir``'s latest checkpoint.
+
+    Args:
+      config: the configuration (see ``configs/default.py``).
+      workdir: the run's directory (created if missing).
+
+    Returns:
+      A `Run`.
+
+    Raises:
+      ValueError: for an invalid config or a batch size that does not split evenly
+        over the devices.
+      CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
+    """
+    tc = config.train
+    sharding.initialize_distributed(
+        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
+    )
+    os.makedirs(workdir, exist_ok=True)
+    mesh = sharding.make_mesh()
+    sharding.check_batch_size(tc.batch_size, mesh)
+    task = build.build_task(config.task, workdir)
+    task.prepare()
+    model = build.build_model(
+        config.model, build.build_solver(config.solver), build.build_backward(config.backward)
+    )
+    tx, schedule = make_optimizer(tc)
+    sample = np.zeros((1, *task.input_shape), np.float32)
+    state = create_train_state(model, tx, sample, jax.random.PRNGKey(tc.seed))
+    ckpt = Checkpointer(
+        workdir,
+        every_steps=config.ckpt.every_steps,
+        keep=config.ckpt.keep,
+        async_save=config.ckpt.async_save,
+    )
+    state, start = ckpt.restore_or_init(state)
+    return Run(
+        mesh=mesh,
+        task=task,
+        model=model,
+        schedule=schedule,
+        state=sharding.replicate(state, mesh),
+        start_step=start,
+        checkpointer=ckpt,
+    )

@@ -1,0 +1,210 @@
+"""`train_and_evaluate(config, workdir)`: the training loop, from start-up to the report.
+
+One call builds everything from the config (`deq_jax.training.build`), restores the
+latest checkpoint of the workdir if there is one, trains to ``config.train.steps``
+with the data iterator resumed at the restored step, logs and evaluates periodically,
+saves checkpoints, and ends with the per-length accuracy report at several multiples
+of the train budget (printed and written to ``length_generalization.json``).
+
+Files in the workdir: ``checkpoints/`` (orbax), ``metrics.jsonl``, ``tensorboard/``,
+``length_generalization.json``, ``config.json`` and ``data/`` (generated data, unless
+``task.data_dir`` is set).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from deq_jax.training import evaluate
+from deq_jax.training.setup import setup
+from deq_jax.training.state import TrainState
+from deq_jax.training.steps import make_train_step
+from deq_jax.training.writers import MetricWriter, ProgressLogger
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the run stopped at that step."""
+
+
+class RunResult(NamedTuple):
+    """What `train_and_evaluate` returns.
+
+    Attributes:
+      state: the final train state (replicated over the mesh).
+      step: the step training stopped at.
+      eval_metrics: ``{split: metrics}`` of the last evaluation at the eval budget.
+      report: ``{budget: {split: metrics}}`` of the final per-length report (``{}``
+        when the run stopped early through ``train.stop_at_step``).
+    """
+
+    state: TrainState
+    step: int
+    eval_metrics: dict[str, dict]
+    report: dict[str, dict[str, dict]]
+
+
+def _mean_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Averages per-step train metrics over a logging interval (``*_max`` by max)."""
+    out = {}
+    for key in history[0]:
+        values = [float(m[key]) for m in history]
+        out[key] = max(values) if key.endswith("_max") else float(np.mean(values))
+    return out
+
+
+def _write_config(config: Any, workdir: str) -> None:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        f.write(
+            config.to_json_best_effort(indent=2)
+            if hasattr(config, "to_json_best_effort")
+            else json.dumps(dict(config), indent=2, default=str)
+        )
+
+
+def _budgets(config: Any) -> dict[str, int]:
+    base = config.model.train_max_iter
+    if not base:
+        raise ValueError("model.train_max_iter must be set for the per-length report.")
+    return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
+
+
+def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
+    """The per-length report at every budget; written as ``{split}_{budget}`` metrics."""
+    evaluator.max_batches = 0
+    step = int(state.step)
+    report = evaluate.length_report(evaluator, state, splits, _budgets(config))
+    for budget, by_split in report.items():
+        for split, metrics in by_split.items():
+            writer.write(step, f"{split}_{budget}", metrics)
+    first = next(iter(next(iter(report.values())).values()))
+    keys = [k for k in first if k.endswith("accuracy")] + ["nstep_mean"]
+    emit(
+        "Per-length accuracy (budget = multiple of the train solver budget):\n"
+        + evaluate.format_report(report, keys)
+    )
+    return report
+
+
+def train_and_evaluate(
+    config: Any, workdir: str, *, emit: Callable[[str], None] = print
+) -> RunResult:
+    """Trains and evaluates the model the config describes, in ``workdir``.
+
+    Args:
+      config: an `ml_collections.ConfigDict` with the sections of
+        ``configs/default.py`` (task, model, solver, backward, train, eval, ckpt, log).
+      workdir: where checkpoints, metrics, TensorBoard events and the report go; a
+        workdir with checkpoints is resumed from the latest one.
+      emit: receives every human-readable line (progress, evaluation, report).
+
+    Returns:
+      A `RunResult`.
+
+    Raises:
+      ValueError: for an invalid config (unknown names list the valid ones; a batch
+        size that does not split over the devices names the device count).
+      CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
+      NonFiniteLossError: if the loss or the gradient norm stops being finite; the
+        message names the step, and the checkpoints written before it are kept.
+    """
+    tc = config.train
+    run = setup(config, workdir)
+    mesh, task, model, state, start = run.mesh, run.task, run.model, run.state, run.start_step
+    ckpt = run.checkpointer
+    lead = jax.process_index() == 0
+    if lead:
+        _write_config(config, workdir)
+    n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
+    emit(
+        f"{model.__class__.__name__}: {n_params} parameters, {mesh.devices.size} device(s), "
+        f"{'resuming from step ' + str(start) if start else 'starting from scratch'}; "
+        f"workdir {workdir}"
+    )
+
+    train_step = make_train_step(model, task.metrics, run.schedule, mesh)
+    evaluator = evaluate.Evaluator(
+        model, task, mesh, config.eval.batch_size, max_batches=config.eval.max_batches
+    )
+    eval_splits = tuple(config.eval.splits) or tuple(task.eval_splits)
+    writer = MetricWriter(workdir, tensorboard=config.log.tensorboard, enabled=lead)
+    total = tc.steps
+    stop = min(tc.stop_at_step, total) if tc.stop_at_step else total
+    progress = ProgressLogger(total, start, emit=emit)
+    batches = task.train_iterator(
+        tc.batch_size,
+        seed=tc.seed,
+        start_step=start,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+
+    def run_eval(step: int, full: bool) -> dict[str, dict]:
+        if full:
+            evaluator.max_batches = 0
+        results = evaluator.evaluate_splits(state, eval_splits)
+        for split, metrics in results.items():
+            writer.write(step, split, metrics)
+            emit(
+                f"eval step {step} {split}: "
+                + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "count")
+            )
+        progress.restart_clock(step)
+        return results
+
+    history: list[dict[str, Any]] = []
+    eval_metrics: dict[str, dict] = {}
+    try:
+        for step in range(start + 1, stop + 1):
+            state, metrics = train_step(state, evaluate.device_batch(next(batches), mesh))
+            metrics = jax.device_get(metrics)
+            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                last = ckpt.latest_step()
+                raise NonFiniteLossError(
+                    f"Non-finite training loss ({loss}) or gradient norm ({grad_norm}) at "
+                    f"step {step}; stopping. The last good checkpoint is step {last} in "
+                    f"{ckpt.directory}."
+                    " Lower train.learning_rate, tighten train.grad_clip_norm or make the "
+                    "cell more contractive."
+                )
+            history.append(metrics)
+            if step == start + 1:
+                progress.restart_clock(step)
+            if step % config.log.every_steps == 0 or step == stop:
+                mean = _mean_metrics(history)
+                writer.write(step, "train", mean)
+                progress.line(step, mean)
+                history = []
+            if config.eval.every_steps and step % config.eval.every_steps == 0 and step < total:
+                eval_metrics = run_eval(step, full=False)
+            ckpt.maybe_save(step, state)
+        last_step = max(stop, start)
+        ckpt.maybe_save(last_step, state, force=True)
+        ckpt.wait()
+        report: dict[str, dict[str, dict]] = {}
+        if last_step >= total:
+            report = _final_report(config, evaluator, state, task.eval_splits, writer, emit)
+            if lead:
+                path = evaluate.write_report(
+                    workdir, report, {"step": last_step, "budgets": _budgets(config)}
+                )
+                emit(f"Wrote {path}")
+            eval_budget = config.model.eval_max_iter or config.model.train_max_iter
+            same = [b for b, k in _budgets(config).items() if k == eval_budget]
+            if same:
+                eval_metrics = {s: report[same[0]][s] for s in eval_splits}
+                for split, metrics in eval_metrics.items():
+                    writer.write(last_step, split, metrics)
+            else:
+                eval_metrics = run_eval(last_step, full=True)
+    finally:
+        ckpt.close()
+        writer.close()
+    return RunResult(state=state, step=last_step, eval_metrics=eval_metrics, report=report)

@@ -1,0 +1,138 @@
+"""Where metrics go: a progress line, JSON lines and TensorBoard event files.
+
+`MetricWriter` appends one JSON object per call to ``{workdir}/metrics.jsonl`` (each
+tagged with its ``step`` and ``split``) and writes the same scalars to TensorBoard with
+tensorboardX (no TensorFlow needed) under ``{workdir}/tensorboard``, one subdirectory
+per split so that curves of different splits overlay. `ProgressLogger` turns train
+metrics into a human line with steps/s and ETA. Only the lead process (index 0) writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from tensorboardX import SummaryWriter
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+def to_python(metrics: Mapping[str, Any]) -> dict[str, float | int]:
+    """Scalars (numpy, jax or Python) as plain Python numbers; NaN/inf kept as floats."""
+    out: dict[str, float | int] = {}
+    for key, value in metrics.items():
+        v = np.asarray(value)
+        if v.size != 1:
+            raise ValueError(f"Metric {key!r} is not a scalar (shape {v.shape}).")
+        out[key] = int(v) if np.issubdtype(v.dtype, np.integer) else float(v)
+    return out
+
+
+class MetricWriter:
+    """Appends metrics to ``metrics.jsonl`` and TensorBoard event files in the workdir.
+
+    Args:
+      workdir: the run's directory.
+      tensorboard: whether to write TensorBoard events too.
+      enabled: ``False`` on every process but the lead one, making all calls no-ops.
+    """
+
+    def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+        self.enabled = enabled
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self._tb_root = os.path.join(workdir, TENSORBOARD_DIR)
+        self._tensorboard = tensorboard and enabled
+        self._tb: dict[str, SummaryWriter] = {}
+        if enabled:
+            os.makedirs(workdir, exist_ok=True)
+
+    def _board(self, split: str) -> SummaryWriter:
+        if split not in self._tb:
+            self._tb[split] = SummaryWriter(os.path.join(self._tb_root, split))
+        return self._tb[split]
+
+    def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Records scalar ``metrics`` of ``split`` at ``step``; returns the JSON record."""
+        record = {"step": int(step), "split": split, **to_python(metrics)}
+        if not self.enabled:
+            return record
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tensorboard:
+            board = self._board(split)
+            for key, value in record.items():
+                if key not in ("step", "split") and math.isfinite(value):
+                    board.add_scalar(key, value, global_step=int(step))
+            board.flush()
+        return record
+
+    def close(self) -> None:
+        """Flushes and closes the TensorBoard writers."""
+        for board in self._tb.values():
+            board.close()
+        self._tb.clear()
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+    """Every record of ``{workdir}/metrics.jsonl``, in order."""
+    with open(os.path.join(workdir, METRICS_FILE)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class ProgressLogger:
+    """Formats a progress line: step, steps/s, ETA, loss, accuracy and solver steps.
+
+    Args:
+      total_steps: the step the run ends at (for the ETA).
+      start_step: the step the run (re)started from.
+      emit: where lines go (``print`` by default; pass `absl.logging.info` to log).
+      clock: the time source, for tests.
+    """
+
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int = 0,
+        emit: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.total_steps = total_steps
+        self._emit = emit
+        self._clock = clock
+        self._last_step = start_step
+        self._last_time = clock()
+
+    def restart_clock(self, step: int) -> None:
+        """Starts timing from ``step`` now (e.g. after compilation or an evaluation)."""
+        self._last_step, self._last_time = step, self._clock()
+
+    def line(self, step: int, metrics: Mapping[str, Any]) -> str:
+        """The progress line for ``step``; also emits it and restarts the clock."""
+        now = self._clock()
+        rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
+        eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
+        m = to_python(metrics)
+        text = (
+            f"step {step}/{self.total_steps}  {rate:.2f} steps/s  ETA {_duration(eta)}  "
+            f"loss {m.get('loss', float('nan')):.4f}  acc {m.get('accuracy', float('nan')):.4f}  "
+            f"solver steps {m.get('nstep_mean', float('nan')):.1f} "
+            f"(max {m.get('nstep_max', float('nan')):.0f})"
+        )
+        self._emit(text)
+        self._last_step, self._last_time = step, now
+        return text

@@ -1,0 +1,129 @@
+"""Trains and evaluates a model described by a config file.
+
+Usage::
+
+    python -m launch.main --config configs/prefix_sum.py --workdir /tmp/ps \\
+        [--config.train.steps=2000 --config.solver.name=broyden ...]
+
+Only ``--config`` (an `ml_collections` config file, locked: an override can change a
+field but not add one) and ``--workdir`` are flags; everything else is a config field.
+An override naming an unknown field fails before anything runs, naming the valid
+fields of its section. The library receives the config object through
+`deq_jax.training.train_and_evaluate(config, workdir)`; it never reads flags.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+
+from absl import app, flags, logging
+from ml_collections import ConfigDict, config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Path to a config file, optionally ':arg' for get_config(arg).",
+    lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
+
+_PREFIXES = ("--config.", "-config.", "--noconfig.", "-noconfig.")
+
+
+class UnknownOverrideError(ValueError):
+    """A ``--config.*`` override names a field the config does not have."""
+
+
+def _flag_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of ``--name=v`` or ``--name v`` in ``argv`` (the last one wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        for dashes in ("--", "-"):
+            if arg.startswith(f"{dashes}{name}="):
+                value = arg.split("=", 1)[1]
+            elif arg == f"{dashes}{name}" and i + 1 < len(argv):
+                value = argv[i + 1]
+    return value
+
+
+def load_config_file(spec: str) -> ConfigDict:
+    """Loads ``path[:arg]`` the way ``--config`` does: ``get_config(arg)`` or ``get_config()``."""
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Config file {path!r} not found.")
+    module_spec = importlib.util.spec_from_file_location("_launch_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def override_keys(argv: Sequence[str]) -> list[str]:
+    """The dotted field names of every ``--config.a.b=...`` style override in ``argv``."""
+    keys = []
+    for arg in argv:
+        for prefix in _PREFIXES:
+            if arg.startswith(prefix):
+                keys.append(arg[len(prefix) :].split("=", 1)[0])
+    return keys
+
+
+def check_overrides(config: ConfigDict, keys: Sequence[str]) -> None:
+    """Fails on the first override key that names no field of ``config``.
+
+    Raises:
+      UnknownOverrideError: naming the key, its section and the section's valid fields.
+    """
+    for key in keys:
+        node, seen = config, "config"
+        for part in key.split("."):
+            if not isinstance(node, ConfigDict) or part not in node:
+                valid = ", ".join(sorted(node.keys())) if isinstance(node, ConfigDict) else ""
+                what = f"Valid fields of {seen}: {valid}." if valid else f"{seen} is not a section."
+                raise UnknownOverrideError(
+                    f"Unknown config override --config.{key}: {seen} has no field {part!r}. {what}"
+                )
+            node, seen = node[part], f"{seen}.{part}"
+
+
+def validate_argv(argv: Sequence[str]) -> None:
+    """Checks the ``--config.*`` overrides of ``argv`` against the config file they target."""
+    spec = _flag_value(argv, "config")
+    keys = override_keys(argv)
+    if spec and keys:
+        check_overrides(load_config_file(spec), keys)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    from deq_jax.training import train_and_evaluate
+
+    quiet_library_logs()
+    train_and_evaluate(_CONFIG.value, _WORKDIR.value, emit=functools.partial(print, flush=True))
+
+
+def quiet_library_logs() -> None:
+    """Shows warnings and errors only (orbax logs every save at INFO), unless the
+    command line sets ``--verbosity``."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+
+
+def run(entry) -> None:
+    """Validates the overrides, then runs ``entry`` under `absl.app` (``--config`` and
+    ``--workdir`` required)."""
+    try:
+        validate_argv(sys.argv[1:])
+    except (UnknownOverrideError, FileNotFoundError) as e:
+        print(f"FATAL Flags parsing error: {e}", file=sys.stderr)
+        sys.exit(2)
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(entry)
+
+
+if __name__ == "__main__":
+    run(main)

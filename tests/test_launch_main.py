@@ -1,0 +1,127 @@
+"""The command line: override validation, and (slow) the real train + evaluate commands."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import prefix_sum
+from launch import main as launch_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(module, *args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_override_keys_of_every_flag_form():
+    argv = [
+        "--config",
+        "c.py",
+        "--config.train.steps=3",
+        "--config.solver.name",
+        "broyden",
+        "--noconfig.train.distributed",
+        "-config.model.width=8",
+        "--workdir=/tmp/x",
+    ]
+    assert launch_main.override_keys(argv) == [
+        "train.steps",
+        "solver.name",
+        "train.distributed",
+        "model.width",
+    ]
+    assert launch_main._flag_value(argv, "config") == "c.py"
+    assert launch_main._flag_value(["--config=a.py:smoke"], "config") == "a.py:smoke"
+
+
+def test_load_config_file_with_argument():
+    config = launch_main.load_config_file(os.path.join(ROOT, "configs/prefix_sum.py:smoke"))
+    assert config == prefix_sum.get_config("smoke")
+    with pytest.raises(FileNotFoundError, match="nope.py"):
+        launch_main.load_config_file("nope.py")
+
+
+def test_known_overrides_pass():
+    launch_main.check_overrides(
+        prefix_sum.get_config(), ["train.steps", "solver.anderson.m", "backward.ift.solver"]
+    )
+
+
+@pytest.mark.parametrize(
+    "key,message",
+    [
+        (
+            "train.stepz",
+            "config.train has no field 'stepz'. Valid fields of config.train: b1, b2, batch_size,",
+        ),
+        ("trainz.steps", "config has no field 'trainz'. Valid fields of config: backward, ckpt,"),
+        ("solver.anderson.mm", "Valid fields of config.solver.anderson: beta, lam, m."),
+        ("train.steps.x", "config.train.steps is not a section."),
+    ],
+)
+def test_unknown_override_names_valid_fields(key, message):
+    with pytest.raises(launch_main.UnknownOverrideError) as info:
+        launch_main.check_overrides(prefix_sum.get_config(), [key])
+    assert message in str(info.value)
+
+
+def test_unknown_override_fails_at_once_on_the_command_line(tmp_path):
+    proc = _cli(
+        "launch.main",
+        "--config",
+        "configs/prefix_sum.py:smoke",
+        "--workdir",
+        str(tmp_path / "w"),
+        "--config.train.stepz=3",
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Unknown config override --config.train.stepz" in proc.stderr
+    assert "Valid fields of config.train:" in proc.stderr and "steps" in proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_missing_workdir_is_a_usage_error():
+    proc = _cli("launch.main", "--config", "configs/prefix_sum.py:smoke", timeout=120)
+    assert proc.returncode != 0 and "workdir" in proc.stderr
+
+
+@pytest.mark.slow
+def test_train_then_evaluate_commands(tmp_path):
+    workdir = str(tmp_path / "run")
+    common = [
+        "--config",
+        "configs/prefix_sum.py:smoke",
+        "--workdir",
+        workdir,
+        f"--config.task.data_dir={tmp_path / 'data'}",
+    ]
+    proc = _cli("launch.main", *common, "--config.solver.name=broyden")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 6/6" in proc.stdout and "Per-length accuracy" in proc.stdout
+    for name in ("metrics.jsonl", "length_generalization.json", "config.json"):
+        assert os.path.exists(os.path.join(workdir, name))
+    proc = _cli(
+        "launch.evaluate",
+        *common,
+        "--config.solver.name=broyden",
+        "--splits=test_32",
+        "--max_iters=3,12",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(os.path.join(workdir, "evaluation.json")) as f:
+        report = json.load(f)
+    assert set(report) == {"max_iter=3", "max_iter=12"}
+    assert set(report["max_iter=12"]) == {"test_32"}

@@ -1,0 +1,79 @@
+"""Data parallelism: the same smoke training on 1 and on 8 simulated CPU devices.
+
+Each run is a subprocess because the device count is fixed when JAX starts
+(``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_SCRIPT = """
+import json, sys
+import jax
+from configs import prefix_sum
+from deq_jax.training import setup, train_and_evaluate, writers
+
+workdir, data_dir = sys.argv[1], sys.argv[2]
+config = prefix_sum.get_config("smoke")
+config.task.data_dir = data_dir
+config.task.test_lengths = (16,)
+config.train.steps = 4
+config.log.every_steps = 1
+config.eval.every_steps = 0
+config.eval.budget_multipliers = (1,)
+train_and_evaluate(config, workdir, emit=lambda line: None)
+losses = [r["loss"] for r in writers.read_metrics(workdir) if r["split"] == "train"]
+config.train.batch_size = 12
+try:
+    setup(config, workdir + "_bad")
+    error = ""
+except ValueError as e:
+    error = str(e)
+print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses, "error": error}))
+"""
+
+
+def _run(devices, workdir, data_dir):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(workdir), str(data_dir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("data")
+    one = _run(1, tmp_path_factory.mktemp("one"), data_dir)
+    eight = _run(8, tmp_path_factory.mktemp("eight"), data_dir)
+    return one, eight
+
+
+def test_same_losses_on_one_and_eight_devices(runs):
+    one, eight = runs
+    assert (one["devices"], eight["devices"]) == (1, 8)
+    assert len(one["losses"]) == 4
+    np.testing.assert_allclose(eight["losses"], one["losses"], atol=1e-5, rtol=0)
+
+
+def test_batch_not_divisible_by_devices_fails_clearly(runs):
+    one, eight = runs
+    assert one["error"] == ""  # 12 splits over one device
+    assert "train.batch_size=12" in eight["error"] and "number of devices (8" in eight["error"]

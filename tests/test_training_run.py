@@ -1,0 +1,163 @@
+"""End-to-end: the smoke prefix-sum run, resuming, refusing a wrong checkpoint, NaN stops."""
+
+import json
+import os
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from configs import prefix_sum
+from deq_jax.training import build, evaluate_checkpoint, setup, train_and_evaluate, writers
+from deq_jax.training.checkpoint import CheckpointMismatchError
+from deq_jax.training.train import NonFiniteLossError
+
+quiet = lambda line: None
+
+
+def smoke_config(data_dir):
+    config = prefix_sum.get_config("smoke")
+    config.task.data_dir = str(data_dir)
+    return config
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    """An uninterrupted smoke run: (config, workdir, RunResult)."""
+    workdir = str(tmp_path_factory.mktemp("run"))
+    config = smoke_config(data_dir)
+    lines = []
+    result = train_and_evaluate(config, workdir, emit=lines.append)
+    return config, workdir, result, lines
+
+
+def _snapshot(directory):
+    out = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, directory)] = (os.path.getmtime(path), f.read())
+    return out
+
+
+def test_smoke_run_writes_everything(finished):
+    config, workdir, result, lines = finished
+    assert result.step == config.train.steps
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    assert sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) == [4, 6]
+    records = writers.read_metrics(workdir)
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [2, 4, 6]
+    for key in (
+        "loss",
+        "accuracy",
+        "nstep_mean",
+        "nstep_max",
+        "rel_residual",
+        "grad_norm",
+        "param_norm",
+        "learning_rate",
+    ):
+        assert np.isfinite(train[-1][key]), key
+    assert {r["split"] for r in records} >= {"test_16", "test_32"}
+    for split in ("train", "test_16"):
+        events = os.listdir(os.path.join(workdir, "tensorboard", split))
+        assert any(e.startswith("events.out.tfevents") for e in events)
+    with open(os.path.join(workdir, "length_generalization.json")) as f:
+        report = json.load(f)
+    assert report["budgets"] == {"1x": 6, "2x": 12}
+    for budget in ("1x", "2x"):
+        for split in ("test_16", "test_32"):
+            metrics = report["report"][budget][split]
+            assert 0 <= metrics["string_accuracy"] <= metrics["bit_accuracy"] <= 1
+    assert any(
+        line.startswith("step 6/6") and "steps/s" in line and "ETA" in line for line in lines
+    )
+    assert any("Per-length accuracy" in line for line in lines)
+
+
+def test_resume_gives_the_uninterrupted_parameters(finished, tmp_path, data_dir):
+    config, _, uninterrupted, _ = finished
+    stopped = smoke_config(data_dir)
+    stopped.train.stop_at_step = 3
+    first = train_and_evaluate(stopped, str(tmp_path), emit=quiet)
+    assert first.step == 3 and first.report == {}
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 3]
+    lines = []
+    resumed = train_and_evaluate(config, str(tmp_path), emit=lines.append)
+    assert "resuming from step 3" in lines[0]
+    assert int(resumed.state.step) == config.train.steps
+    chex.assert_trees_all_close(
+        jax.device_get(resumed.state.params),
+        jax.device_get(uninterrupted.state.params),
+        atol=1e-6,
+        rtol=1e-6,
+    )
+    train = [r for r in writers.read_metrics(str(tmp_path)) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [2, 3, 4, 6]
+
+
+def test_mismatched_checkpoint_is_refused_and_left_untouched(finished):
+    config, workdir, _, _ = finished
+    before = _snapshot(os.path.join(workdir, "checkpoints"))
+    wider = smoke_config(config.task.data_dir)
+    wider.model.width = 2 * config.model.width
+    with pytest.raises(CheckpointMismatchError, match=r"does not fit the model.*\n.*cell/"):
+        setup(wider, workdir)
+    assert _snapshot(os.path.join(workdir, "checkpoints")) == before
+    run = setup(config, workdir)
+    run.checkpointer.close()
+    assert run.start_step == config.train.steps
+
+
+class _NaNInputsAt:
+    """A task whose training batch number ``step`` (1-based) has NaN inputs."""
+
+    def __init__(self, task, step):
+        self._task, self._step = task, step
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def train_iterator(self, batch_size, *, start_step=0, **kwargs):
+        it = self._task.train_iterator(batch_size, start_step=start_step, **kwargs)
+        for step, batch in enumerate(it, start=start_step + 1):
+            if step == self._step:
+                batch = dict(batch, inputs=np.full_like(batch["inputs"], np.nan))
+            yield batch
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, monkeypatch):
+    real = build.build_task
+    monkeypatch.setattr(build, "build_task", lambda *a: _NaNInputsAt(real(*a), 5))
+    config = smoke_config(data_dir)
+    with pytest.raises(NonFiniteLossError, match="at step 5.*last good checkpoint is step 4"):
+        train_and_evaluate(config, str(tmp_path), emit=quiet)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
+    monkeypatch.setattr(build, "build_task", real)
+    run = setup(config, str(tmp_path))
+    run.checkpointer.close()
+    assert run.start_step == 4
+    chex.assert_tree_all_finite(run.state.params)
+
+
+def test_evaluate_checkpoint_on_any_split_and_budget(finished):
+    config, workdir, _, _ = finished
+    lines = []
+    report = evaluate_checkpoint(config, workdir, ("test_32",), (3, 12), emit=lines.append)
+    assert set(report) == {"max_iter=3", "max_iter=12"}
+    metrics = report["max_iter=3"]["test_32"]
+    assert metrics["count"] == config.task.test_size and metrics["nstep_max"] <= 3
+    assert "Checkpoint step 6" in lines[0]
+
+
+def test_evaluate_checkpoint_needs_a_checkpoint(tmp_path, data_dir):
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        evaluate_checkpoint(smoke_config(data_dir), str(tmp_path), emit=quiet)
