@@ -39,7 +39,11 @@ from typing import Any
 
 from deq_jax._registry import Registry
 from deq_jax.tasks import data
+from deq_jax.tasks.blurry_digits import blurry_digits
+from deq_jax.tasks.edge_copy import edge_copy
 from deq_jax.tasks.images import cifar10, digits
+from deq_jax.tasks.matrix_inversion import matrix_inversion
+from deq_jax.tasks.mazes import mazes
 from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
 from deq_jax.tasks.synthetic_1d import synthetic_1d
 
@@ -48,6 +52,10 @@ _REGISTRY.register(prefix_sum.__name__, prefix_sum)
 _REGISTRY.register(synthetic_1d.__name__, synthetic_1d)
 _REGISTRY.register(digits.__name__, digits)
 _REGISTRY.register(cifar10.__name__, cifar10)
+_REGISTRY.register(mazes.__name__, mazes)
+_REGISTRY.register(edge_copy.__name__, edge_copy)
+_REGISTRY.register(matrix_inversion.__name__, matrix_inversion)
+_REGISTRY.register(blurry_digits.__name__, blurry_digits)
 
 
 def register(name: str, ctor, *, overwrite: bool = False):

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow_datasets as tfds
 
-from deq_jax.tasks import data
+from deq_jax.tasks import _tfds, data
 
 TRAIN = "train"
 _ENUMERATE_MAX_LENGTH = 20  # up to 2**20 candidates: sample without replacement exactly
@@ -233,7 +233,8 @@ def builder(config: PrefixSumConfig = PrefixSumConfig(), *, data_dir: str | None
     tfds_config = PrefixSum.builder_configs.get(config.name)  # the class's own, if default
     if tfds_config is None:
         tfds_config = PrefixSumBuilderConfig(name=config.name, knobs=config)
-    return PrefixSum(config=tfds_config, data_dir=data_dir, file_format="array_record")
+    with _tfds.quiet():
+        return PrefixSum(config=tfds_config, data_dir=data_dir, file_format="array_record")
 
 
 def data_source(
@@ -245,8 +246,9 @@ def data_source(
     """
     config.check_split(split)
     b = builder(config, data_dir=data_dir)
-    b.download_and_prepare()
-    return b.as_data_source(split=split)
+    with _tfds.quiet():
+        b.download_and_prepare()
+        return b.as_data_source(split=split)
 
 
 def load(

@@ -1,0 +1,396 @@
+"""Mazes: mark the path from the start to the goal of a perfect maze.
+
+The easy-to-hard maze format. A maze of size ``S`` (odd, ``S >= 3``) has
+``n = (S + 1) / 2`` cells per side, carved by a randomised depth-first search (the
+recursive backtracker, with an explicit stack) from a random root, so the passages form
+a spanning tree of the ``n x n`` grid. Start and goal are distinct random cells; the
+target is the unique path between them.
+
+Pixels. The maze is a ``(2n + 1) x (2n + 1)`` grid: cell ``(r, c)`` is pixel
+``(2r + 1, 2c + 1)``, the passage between two neighbouring cells is the pixel between
+them, everything else is wall. The grid is upscaled 2x (each pixel becomes a 2x2
+block) and framed by a 1-pixel zero border, so an image is ``H = W = 2(2n + 1) + 2 =
+2S + 6`` pixels a side: 24 for ``S = 9``, 32 for ``S = 13``, 72 for ``S = 33``.
+Inputs are float32 ``[H, W, 3]``: walls ``(0, 0, 0)``, open ``(1, 1, 1)``, the start
+green ``(0, 1, 0)``, the goal red ``(1, 0, 0)``. Targets are int32 ``[H, W]``: 1 on
+the open pixels of the path (start and goal included), upscaled and framed the same way.
+
+Storage. Each split is generated in memory from ``(seed, split)`` (a Python loop over
+cells: about 0.7 s for 10,000 9x9 mazes, 0.3 s for 1,000 33x33 ones) and cached per
+process as compact ``(2n + 1)^2`` grids; images are rendered per batch. Mazes are
+distinct within a split; the test split of the training size holds no training maze.
+
+Batches are ``{"inputs": float32 [b, H, W, 3], "targets": int32 [b, H, W], "mask":
+bool [b], "index": int32 [b]}``; `maze_accuracy` scores logits ``[B, H, W, 2]`` (or
+one "on path" logit ``[B, H, W]``) by pixel and by whole maze.
+
+References:
+  Schwarzschild et al., "Datasets for Studying Generalization from Easy to Hard
+  Examples", arXiv:2108.06011, 2021 (the maze format).
+  Schwarzschild et al., "Can You Learn an Algorithm? Generalizing from Easy to Hard
+  Problems with Recurrent Networks", NeurIPS 2021.
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022 (train on 9x9 mazes, test on larger ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from deq_jax.tasks import data
+
+TRAIN = "train"
+WALL, OPEN, START, GOAL = 0, 1, 2, 3  # pixel codes of the compact grid
+_COLOURS = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0], [1, 0, 0]], np.float32)  # by code
+_MAX_DRAWS_FACTOR = 20  # give up on distinct mazes after 20 * size + 1000 draws
+
+
+def check_maze_size(size: int) -> int:
+    """Returns ``n``, the cells per side of a size-``size`` maze.
+
+    Raises:
+      ValueError: unless ``size`` is an odd integer >= 3, naming the valid choices.
+    """
+    if not isinstance(size, int | np.integer) or size < 3 or size % 2 == 0:
+        raise ValueError(f"Maze size must be an odd integer >= 3 (3, 5, 7, 9, ...), got {size!r}.")
+    return (int(size) + 1) // 2
+
+
+def image_size(size: int) -> int:
+    """Side in pixels of the image of a size-``size`` maze: ``2 * size + 6``."""
+    return 2 * (2 * check_maze_size(size) + 1) + 2
+
+
+def carve(n: int, draws: Sequence[float]) -> tuple[list[int], int]:
+    """Carves an ``n x n`` perfect maze with an iterative randomised depth-first search.
+
+    Cells are numbered ``r * n + c``. Each step moves from the cell on top of the stack
+    to a random unvisited neighbour, carving the passage, or pops it if there is none.
+
+    Args:
+      n: cells per side.
+      draws: ``n * n`` floats in ``[0, 1)``: the first picks the root, the others pick
+        one neighbour at each of the ``n * n - 1`` carving steps.
+
+    Returns:
+      ``(parent, root)``: ``parent[c]`` is the cell from which ``c`` was carved (-1 for
+      the root); the passages are exactly the pairs ``(c, parent[c])``.
+    """
+    cells = n * n
+    visited = bytearray(cells)
+    parent = [-1] * cells
+    root = int(draws[0] * cells)
+    visited[root] = 1
+    stack, k = [root], 1
+    while stack:
+        cell = stack[-1]
+        r, c = divmod(cell, n)
+        options = []  # unvisited neighbours: up, down, left, right
+        if r > 0 and not visited[cell - n]:
+            options.append(cell - n)
+        if r < n - 1 and not visited[cell + n]:
+            options.append(cell + n)
+        if c > 0 and not visited[cell - 1]:
+            options.append(cell - 1)
+        if c < n - 1 and not visited[cell + 1]:
+            options.append(cell + 1)
+        if options:
+            nxt = options[int(draws[k] * len(options))]
+            k += 1
+            visited[nxt] = 1
+            parent[nxt] = cell
+            stack.append(nxt)
+        else:
+            stack.pop()
+    return parent, root
+
+
+def tree_path(parent: Sequence[int], start: int, goal: int) -> list[int]:
+    """The cells on the unique path from ``start`` to ``goal`` in a tree, both included."""
+    up = [start]
+    while parent[up[-1]] >= 0:
+        up.append(parent[up[-1]])
+    position = {cell: i for i, cell in enumerate(up)}
+    down = [goal]
+    while down[-1] not in position:
+        down.append(parent[down[-1]])
+    return up[: position[down[-1]]] + down[::-1]
+
+
+def _pixels(cells: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Grid pixel (row, column) of each cell number."""
+    r, c = np.divmod(cells, n)
+    return 2 * r + 1, 2 * c + 1
+
+
+def draw_maze(n: int, draws: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """One maze and its solution as compact grids.
+
+    Args:
+      n: cells per side.
+      draws: ``n * n + 2`` floats in ``[0, 1)``: ``n * n`` for `carve`, then the start
+        and the goal (a different cell).
+
+    Returns:
+      ``(grid, path)``, uint8 ``[2n + 1, 2n + 1]`` each: ``grid`` holds the codes
+      `WALL`, `OPEN`, `START`, `GOAL`; ``path`` is 1 on the pixels of the path.
+    """
+    cells = n * n
+    parent, root = carve(n, draws[:cells])
+    start = int(draws[cells] * cells)
+    goal = int(draws[cells + 1] * (cells - 1))
+    goal += goal >= start
+    side = 2 * n + 1
+    grid, path = np.zeros((2, side, side), np.uint8)  # [2n+1, 2n+1] each
+    grid[1::2, 1::2] = OPEN
+    child = np.array([c for c in range(cells) if c != root])
+    (cr, cc), (pr, pc) = _pixels(child, n), _pixels(np.asarray(parent)[child], n)
+    grid[(cr + pr) // 2, (cc + pc) // 2] = OPEN
+    route = np.array(tree_path(parent, start, goal))
+    rr, rc = _pixels(route, n)
+    path[rr, rc] = 1
+    path[(rr[1:] + rr[:-1]) // 2, (rc[1:] + rc[:-1]) // 2] = 1
+    grid[rr[0], rc[0]] = START
+    grid[rr[-1], rc[-1]] = GOAL
+    return grid, path
+
+
+def render(grids: np.ndarray, paths: np.ndarray) -> dict[str, np.ndarray]:
+    """Compact grids ``[N, g, g]`` to model-ready images (upscaled 2x, 1-pixel border).
+
+    Returns:
+      ``{"inputs": float32 [N, 2g + 2, 2g + 2, 3], "targets": int32 [N, 2g + 2, 2g + 2]}``.
+    """
+    up = lambda x: np.pad(
+        x.repeat(2, axis=1).repeat(2, axis=2), [(0, 0), (1, 1), (1, 1)] + [(0, 0)] * (x.ndim - 3)
+    )
+    return {"inputs": up(_COLOURS[grids]), "targets": up(paths.astype(np.int32))}
+
+
+@dataclasses.dataclass(frozen=True)
+class MazeConfig:
+    """What to generate (frozen, hashable).
+
+    Attributes:
+      seed: seeds every split (independent streams per split).
+      train_size: training mazes (50,000 in Anil et al. 2022).
+      train_maze_size: maze size ``S`` of the training split.
+      test_maze_sizes: one test split ``"test_{S}"`` per size.
+      test_size: mazes per test split.
+    """
+
+    seed: int = 0
+    train_size: int = 10_000
+    train_maze_size: int = 9
+    test_maze_sizes: tuple[int, ...] = (9, 11, 13, 15, 19, 25, 33)
+    test_size: int = 1_000
+
+    def __post_init__(self):
+        for size in (self.train_maze_size, *self.test_maze_sizes):
+            check_maze_size(size)
+        object.__setattr__(self, "test_maze_sizes", tuple(int(s) for s in self.test_maze_sizes))
+        if not self.test_maze_sizes or len(set(self.test_maze_sizes)) != len(self.test_maze_sizes):
+            raise ValueError(f"test_maze_sizes must be distinct sizes, got {self.test_maze_sizes}.")
+        for field in ("seed", "train_size", "test_size"):
+            value, least = getattr(self, field), 0 if field == "seed" else 1
+            if not isinstance(value, int | np.integer) or value < least:
+                raise ValueError(f"MazeConfig.{field} must be >= {least}, got {value!r}.")
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """``("train", "test_9", ...)`` in the order of `test_maze_sizes`."""
+        return (TRAIN,) + tuple(f"test_{s}" for s in self.test_maze_sizes)
+
+    def check_split(self, split: str) -> None:
+        """Raises a ValueError naming the valid splits if ``split`` is not one."""
+        if split not in self.splits:
+            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
+
+    def maze_size(self, split: str) -> int:
+        """Maze size ``S`` of ``split``."""
+        self.check_split(split)
+        return self.train_maze_size if split == TRAIN else int(split.removeprefix("test_"))
+
+    def size(self, split: str) -> int:
+        """Number of mazes in ``split``."""
+        self.check_split(split)
+        return self.train_size if split == TRAIN else self.test_size
+
+
+@functools.lru_cache(maxsize=32)
+def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
+    """Generates one split, deterministically from ``(config, split)``; cached.
+
+    Returns:
+      ``{"grids": uint8 [N, 2n + 1, 2n + 1], "paths": uint8 [N, 2n + 1, 2n + 1]}``
+      (read-only), distinct mazes in draw order (see `draw_maze`).
+
+    Raises:
+      ValueError: if the split asks for more distinct mazes than can be found.
+    """
+    maze_size, count = config.maze_size(split), config.size(split)
+    n = check_maze_size(maze_size)
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, split != TRAIN, maze_size]))
+    clash = split != TRAIN and maze_size == config.train_maze_size
+    seen = {g.tobytes() for g in generate_split(config, TRAIN)["grids"]} if clash else set()
+    grids, paths = [], []
+    for _ in range(_MAX_DRAWS_FACTOR * count + 1000):
+        if len(grids) == count:
+            break
+        grid, path = draw_maze(n, rng.random(n * n + 2).tolist())
+        if grid.tobytes() not in seen:
+            seen.add(grid.tobytes())
+            grids.append(grid)
+            paths.append(path)
+    if len(grids) < count:
+        raise ValueError(
+            f"Split {split!r}: found only {len(grids)} distinct {maze_size}x{maze_size} mazes, "
+            f"not {count}; ask for fewer."
+        )
+    grids, paths = np.stack(grids), np.stack(paths)
+    grids.flags.writeable = paths.flags.writeable = False
+    return {"grids": grids, "paths": paths}
+
+
+def load(split: str, *, config: MazeConfig = MazeConfig()) -> dict[str, np.ndarray]:
+    """One whole split, rendered (`render`): ``{"inputs": [N, H, W, 3], "targets": [N, H, W]}``."""
+    raw = generate_split(config, split)
+    return render(raw["grids"], raw["paths"])
+
+
+class MazeRecords:
+    """`generate_split`'s compact grids ``raw`` as a record source, rendered on access."""
+
+    def __init__(self, raw: dict[str, np.ndarray]):
+        self.raw = raw
+
+    def __len__(self) -> int:
+        return len(self.raw["grids"])
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        rows = np.asarray(indices, np.int64)
+        batch = render(self.raw["grids"][rows], self.raw["paths"][rows])
+        return [{k: v[i] for k, v in batch.items()} for i in range(len(rows))]
+
+
+def maze_accuracy(logits, targets, mask=None) -> dict:
+    """Per-pixel and whole-maze accuracy; numpy or jax arrays, jittable.
+
+    Args:
+      logits: ``[B, H, W, 2]`` scores for (off path, on path), or ``[B, H, W]`` one
+        "on path" logit (positive means on the path).
+      targets: int ``[B, H, W]``, 1 on the path.
+      mask: optional ``[B]`` bool, which examples count (padding is False).
+
+    Returns:
+      ``{"pixel_accuracy": mean over counted pixels, "maze_accuracy": fraction of
+      counted mazes with every pixel right, "count": number of counted mazes}``.
+    """
+    if logits.shape == targets.shape:
+        logits = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)  # [B, H, W, 2]
+    names = {"bit_accuracy": "pixel_accuracy", "string_accuracy": "maze_accuracy"}
+    return {names.get(k, k): v for k, v in data.sequence_accuracy(logits, targets, mask).items()}
+
+
+class MazeTask:
+    """The maze task of ``config`` behind the uniform task interface (see `deq_jax.tasks`)."""
+
+    name = "mazes"
+    num_classes = 2
+    train_split = TRAIN
+
+    def __init__(self, config: MazeConfig = MazeConfig()):
+        self.config = config
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """``("test_9", ..., "test_33")``."""
+        return self.config.splits[1:]
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The training split followed by `eval_splits`."""
+        return self.config.splits
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One training image's shape ``(H, W, 3)``, for ``model.init``."""
+        return (image_size(self.config.train_maze_size),) * 2 + (3,)
+
+    def prepare(self) -> None:
+        """Generates the training split in memory (nothing is written)."""
+        self.source(TRAIN)
+
+    def source(self, split: str) -> MazeRecords:
+        """The record source of ``split`` (generated once: `generate_split` is cached)."""
+        return MazeRecords(generate_split(self.config, split))
+
+    def num_examples(self, split: str) -> int:
+        """Mazes in ``split``."""
+        return self.config.size(split)
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Training steps per epoch at a global ``batch_size``."""
+        return data.steps_per_epoch(self.config.train_size, batch_size)
+
+    def train_iterator(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        start_step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Iterator[data.Batch]:
+        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`)."""
+        return data.train_batches(
+            self.source(TRAIN),
+            batch_size,
+            seed=seed,
+            start_step=start_step,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def eval_iterator(
+        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
+    ) -> Iterator[data.Batch]:
+        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
+        return data.eval_batches(
+            self.source(split),
+            batch_size,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    @staticmethod
+    def metrics(logits, targets, mask=None) -> dict:
+        """``{"pixel_accuracy", "maze_accuracy", "count"}``; see `maze_accuracy`."""
+        return maze_accuracy(logits, targets, mask)
+
+
+def mazes(
+    *,
+    data_dir: str | None = None,
+    seed: int = 0,
+    train_size: int = 10_000,
+    train_maze_size: int = 9,
+    test_maze_sizes: tuple[int, ...] = (9, 11, 13, 15, 19, 25, 33),
+    test_size: int = 1_000,
+) -> MazeTask:
+    """Builds the maze task; the registry's constructor (see `MazeConfig`).
+
+    ``data_dir`` is unused (the mazes are generated in memory).
+    """
+    del data_dir  # Generated in memory.
+    return MazeTask(
+        MazeConfig(seed, train_size, train_maze_size, tuple(test_maze_sizes), test_size)
+    )

@@ -1,0 +1,186 @@
+"""Tests for the maze task: perfect mazes, their unique paths, geometry and the interface."""
+
+import collections
+import sys
+
+import numpy as np
+import pytest
+
+import deq_jax.tasks as tasks
+from deq_jax.tasks.mazes import (
+    GOAL,
+    START,
+    WALL,
+    MazeConfig,
+    carve,
+    check_maze_size,
+    draw_maze,
+    generate_split,
+    image_size,
+    load,
+    maze_accuracy,
+    render,
+    tree_path,
+)
+
+# The module itself; ``deq_jax.tasks.mazes`` names the constructor.
+mazes_module = sys.modules[generate_split.__module__]
+
+SMALL = MazeConfig(train_size=60, test_maze_sizes=(9, 13, 33), test_size=12)
+
+
+def _bfs(grid, source):
+    """Distances over the open pixels of a compact grid from ``source`` (-1: unreached)."""
+    dist = np.full(grid.shape, -1)
+    dist[source] = 0
+    queue = collections.deque([source])
+    while queue:
+        r, c = queue.popleft()
+        for nr, nc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+            if grid[nr, nc] != WALL and dist[nr, nc] < 0:
+                dist[nr, nc] = dist[r, c] + 1
+                queue.append((nr, nc))
+    return dist
+
+
+def _where(grid, code):
+    (r,), (c,) = np.nonzero(grid == code)
+    return int(r), int(c)
+
+
+@pytest.mark.parametrize("split", ["train", "test_13", "test_33"])
+def test_mazes_are_perfect_and_paths_are_the_unique_shortest(split):
+    raw = generate_split(SMALL, split)
+    n = check_maze_size(SMALL.maze_size(split))
+    for grid, path in zip(raw["grids"][:6], raw["paths"][:6], strict=True):
+        assert grid.shape == (2 * n + 1,) * 2
+        assert (grid[0] == WALL).all() and (grid[-1] == WALL).all()
+        assert (grid[:, 0] == WALL).all() and (grid[:, -1] == WALL).all()
+        assert (grid[1::2, 1::2] != WALL).all()  # every cell is open
+        assert (grid[::2, ::2] == WALL).all()  # corners between cells are walls
+        passages = int(np.sum(grid[1::2, 2:-1:2] != WALL) + np.sum(grid[2:-1:2, 1::2] != WALL))
+        assert passages == n * n - 1  # a tree: connected (below) with cells - 1 edges
+        start, goal = _where(grid, START), _where(grid, GOAL)
+        assert start != goal
+        from_start, from_goal = _bfs(grid, start), _bfs(grid, goal)
+        assert (from_start[grid != WALL] >= 0).all()  # connected
+        length = from_start[goal]
+        on_path = path.astype(bool)
+        assert on_path.sum() == length + 1 and on_path[start] and on_path[goal]
+        assert (grid[on_path] != WALL).all()
+        np.testing.assert_array_equal(from_start[on_path] + from_goal[on_path], length)
+
+
+def test_carve_and_tree_path_known_answers():
+    parent, root = carve(2, [0.0, 0.0, 0.0, 0.0])  # root 0, always the first option
+    assert root == 0 and parent == [-1, 3, 0, 2]  # 0 -> 2 -> 3 -> 1 (down, right, up)
+    assert tree_path(parent, 1, 2) == [1, 3, 2]
+    assert tree_path(parent, 0, 1) == [0, 2, 3, 1]
+    assert tree_path(parent, 3, 0) == [3, 2, 0]
+    grid, path = draw_maze(2, [0.0, 0.0, 0.0, 0.0, 0.0, 0.99])  # start 0, goal 3
+    np.testing.assert_array_equal(
+        grid,
+        [[0, 0, 0, 0, 0], [0, 2, 0, 1, 0], [0, 1, 0, 1, 0], [0, 1, 1, 3, 0], [0, 0, 0, 0, 0]],
+    )
+    np.testing.assert_array_equal(
+        path, [[0] * 5, [0, 1, 0, 0, 0], [0, 1, 0, 0, 0], [0, 1, 1, 1, 0], [0] * 5]
+    )
+
+
+@pytest.mark.parametrize("size, side", [(9, 24), (13, 32), (33, 72), (3, 12)])
+def test_image_geometry(size, side):
+    assert image_size(size) == side
+
+
+def test_rendered_images_colours_and_targets():
+    arrays = load("test_13", config=SMALL)
+    inputs, targets = arrays["inputs"], arrays["targets"]
+    assert inputs.shape == (12, 32, 32, 3) and inputs.dtype == np.float32
+    assert targets.shape == (12, 32, 32) and targets.dtype == np.int32
+    assert load("train", config=SMALL)["inputs"].shape == (60, 24, 24, 3)
+    colours = {tuple(c) for c in inputs.reshape(-1, 3)}
+    assert colours == {(0, 0, 0), (1, 1, 1), (0, 1, 0), (1, 0, 0)}
+    for x, y in zip(inputs, targets, strict=True):
+        green = (x == [0, 1, 0]).all(-1)
+        red = (x == [1, 0, 0]).all(-1)
+        assert green.sum() == 4 and red.sum() == 4  # one cell, upscaled 2x
+        assert y[green].all() and y[red].all()
+        assert (x[y == 1].sum(-1) > 0).all()  # the path runs over open pixels only
+        assert not x[[0, -1]].any() and not x[:, [0, -1]].any()  # zero border
+    raw = generate_split(SMALL, "test_13")
+    up = raw["paths"][0].repeat(2, 0).repeat(2, 1)
+    np.testing.assert_array_equal(targets[0, 1:-1, 1:-1], up)
+    np.testing.assert_array_equal(
+        render(raw["grids"][:1], raw["paths"][:1])["targets"][0], targets[0]
+    )
+
+
+def test_deterministic_distinct_and_seed_dependent():
+    first = generate_split(SMALL, "train")["grids"].copy()
+    generate_split.cache_clear()
+    np.testing.assert_array_equal(generate_split(SMALL, "train")["grids"], first)
+    other = MazeConfig(seed=1, train_size=60, test_maze_sizes=(9,), test_size=12)
+    assert not np.array_equal(generate_split(other, "train")["grids"], first)
+    rows = lambda g: {m.tobytes() for m in g}
+    assert len(rows(first)) == 60
+    test = generate_split(SMALL, "test_9")["grids"]
+    assert len(rows(test)) == 12 and not rows(test) & rows(first)
+    assert not generate_split(SMALL, "train")["grids"].flags.writeable
+
+
+@pytest.mark.parametrize("size", [8, 1, 0, -3, 2, 9.0])
+def test_bad_maze_size_names_valid_choices(size):
+    with pytest.raises(ValueError, match=r"odd integer >= 3 \(3, 5, 7, 9"):
+        MazeConfig(train_maze_size=size)
+    with pytest.raises(ValueError, match="odd integer"):
+        tasks.get("mazes", test_maze_sizes=(9, size))
+
+
+def test_bad_config_and_splits():
+    with pytest.raises(ValueError, match="Valid splits: train, test_9, test_13, test_33"):
+        SMALL.size("test_11")
+    with pytest.raises(ValueError, match="distinct"):
+        MazeConfig(test_maze_sizes=(9, 9))
+    with pytest.raises(ValueError, match="train_size"):
+        MazeConfig(train_size=0)
+    tiny = MazeConfig(train_maze_size=3, train_size=500, test_maze_sizes=(3,), test_size=5)
+    with pytest.raises(ValueError, match="distinct 3x3 mazes"):
+        generate_split(tiny, "train")  # 2x2 cells: only 4 trees x 12 (start, goal) pairs
+    with pytest.raises(ValueError, match="Valid keywords"):
+        tasks.get("mazes", maze_size=9)
+
+
+def test_task_interface_iterators_and_metrics():
+    task = tasks.get(
+        "mazes", data_dir="/unused", train_size=60, test_maze_sizes=(9, 13), test_size=12
+    )
+    assert task.name == "mazes" and task.num_classes == 2 and task.input_shape == (24, 24, 3)
+    assert task.splits == ("train", "test_9", "test_13") and task.eval_splits == (
+        "test_9",
+        "test_13",
+    )
+    assert task.num_examples("test_13") == 12 and task.steps_per_epoch(16) == 3
+    task.prepare()
+    batches = task.train_iterator(16, seed=3)
+    stream = [next(batches) for _ in range(5)]
+    resumed = next(task.train_iterator(16, seed=3, start_step=4))
+    np.testing.assert_array_equal(resumed["inputs"], stream[4]["inputs"])
+    assert stream[0]["inputs"].shape == (16, 24, 24, 3) and stream[0]["targets"].dtype == np.int32
+    half = next(task.train_iterator(16, seed=3, process_index=1, process_count=2))
+    np.testing.assert_array_equal(half["targets"], stream[0]["targets"][8:])
+    evals = list(task.eval_iterator("test_13", 5))
+    assert len(evals) == 3 and int(sum(b["mask"].sum() for b in evals)) == 12
+    batch = evals[0]
+    logits = np.eye(2, dtype=np.float32)[batch["targets"]]  # [5, 32, 32, 2], perfect
+    m = task.metrics(logits, batch["targets"], batch["mask"])
+    assert float(m["pixel_accuracy"]) == 1.0 and float(m["maze_accuracy"]) == 1.0
+    logits[0, 5, 5] = logits[0, 5, 5, ::-1]  # one wrong pixel in one maze
+    m = task.metrics(logits, batch["targets"], batch["mask"])
+    np.testing.assert_allclose(m["maze_accuracy"], 0.8)
+    np.testing.assert_allclose(m["pixel_accuracy"], 1 - 1 / (5 * 32 * 32))
+    one_logit = np.where(batch["targets"] == 1, 2.0, -2.0)  # [5, 32, 32]
+    assert float(maze_accuracy(one_logit, batch["targets"])["maze_accuracy"]) == 1.0
+    m = maze_accuracy(-one_logit, batch["targets"], np.array([1, 1, 0, 0, 0], bool))
+    assert float(m["maze_accuracy"]) == 0.0 and float(m["count"]) == 2.0
+    with pytest.raises(ValueError, match="logits"):
+        maze_accuracy(np.zeros((2, 24, 24, 2)), np.zeros((2, 32, 32), np.int32))
