@@ -129,7 +129,7 @@ def ours(name: str, tol_abs: float, max_iter: int):
             f_evals_max=int(nstep.max()),
             f_evals_mean=float(nstep.mean()),
             converged=float(np.mean(out.stats.converged)),
-            trace=np.asarray(out.stats.trace).mean(0),
+            trace=np.asarray(out.stats.trace)[:, : nstep.max()].mean(0),
         ), out.value
 
     return run, value_fn, report
@@ -236,20 +236,23 @@ def train_step_memory(max_iter: int, backward: str, width: int, batch: int) -> d
 
 
 def plot_traces(traces: dict, path: str) -> None:
+    """Residual vs f-evaluations, one panel per (problem, tolerance), one line per solver."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({(p, t) for p, t, _ in traces})
-    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
-    for ax, (problem, tol) in zip(axes[0], keys, strict=True):
-        for (p, t, name), trace in traces.items():
-            if (p, t) == (problem, tol):
-                ax.semilogy(np.arange(1, trace.size + 1), trace, label=name)
-        ax.set_title(f"{problem}, rel tol {tol}")
+    problems = sorted({p for p, _, _ in traces})
+    tols = sorted({t for _, t, _ in traces}, reverse=True)
+    fig, axes = plt.subplots(
+        len(problems), len(tols), figsize=(5 * len(tols), 3.6 * len(problems)), squeeze=False
+    )
+    for (problem, tol, name), trace in traces.items():
+        ax = axes[problems.index(problem)][tols.index(tol)]
+        ax.semilogy(np.arange(1, trace.size + 1), trace, label=name)
+        ax.set_title(f"{problem} problem, stop at |f(z)-z| <= {tol:g} x min|z*|")
         ax.set_xlabel("f evaluations")
-        ax.set_ylabel("mean |f(z)-z| over batch")
+        ax.set_ylabel("batch mean of |f(z) - z|")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
