@@ -31,14 +31,15 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
 from scipy.ndimage import gaussian_filter
 
-from deq_jax.tasks import data, images
+from deq_jax.tasks import images
+from deq_jax.tasks.base import Task
 
 TRAIN, _TEST = "train", "test"
 SOURCES = ("digits", "mnist")
@@ -113,7 +114,7 @@ def mnist_source(split: str, data_dir: str | None = None) -> Any:
     return builder.as_data_source(split=split)
 
 
-class BlurryDigitsTask:
+class BlurryDigitsTask(Task):
     """The blurry-digits task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -159,11 +160,6 @@ class BlurryDigitsTask:
         return tuple(split_name(s) for s in self.test_sigmas)
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """The training split followed by `eval_splits`."""
-        return (TRAIN,) + self.eval_splits
-
-    @property
     def input_shape(self) -> tuple[int, int, int]:
         """One image's shape: ``(8, 8, 1)`` for digits, ``(28, 28, 1)`` for mnist."""
         return (8, 8, 1) if self.source_name == "digits" else (28, 28, 1)
@@ -177,10 +173,6 @@ class BlurryDigitsTask:
         """The blur of ``split``."""
         self.check_split(split)
         return self._sigma[split]
-
-    def prepare(self) -> None:
-        """Loads the data (digits) or checks that mnist is prepared (FileNotFoundError)."""
-        self.source(TRAIN)
 
     def source(self, split: str) -> Any:
         """The model-ready source of ``split``, built once.
@@ -203,44 +195,6 @@ class BlurryDigitsTask:
                 raw = mnist_source(base, self.data_dir)
                 self._sources[split] = BlurredRecords(raw, sigma, MNIST_MEAN, MNIST_STD)
         return self._sources[split]
-
-    def num_examples(self, split: str) -> int:
-        """Images in ``split``."""
-        return data.num_examples(self.source(split))
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.num_examples(TRAIN), batch_size)
-
-    def train_iterator(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        start_step: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`)."""
-        return data.train_batches(
-            self.source(TRAIN),
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
-        return data.eval_batches(
-            self.source(split),
-            batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
 
     @staticmethod
     def metrics(logits, targets, mask=None) -> dict:

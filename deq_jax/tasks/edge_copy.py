@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deq_jax.tasks import data
+from deq_jax.tasks.base import Task
 
 TRAIN = "train"
 _NOISE_STREAM = 7919  # separates the noise streams from the shuffling streams
@@ -222,7 +223,7 @@ def edge_mse(predictions, targets, adjacency, mask=None) -> dict:
     return {"mse": jnp.sum(weight * per_graph) / jnp.maximum(count, 1.0), "count": count}
 
 
-class EdgeCopyTask:
+class EdgeCopyTask(Task):
     """The edge-copy task behind the uniform task interface (see `deq_jax.tasks`).
 
     Unlike classification tasks, `metrics` needs the batch's ``adjacency``.
@@ -249,19 +250,14 @@ class EdgeCopyTask:
         return self.config.splits[1:]
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """The training split followed by `eval_splits`."""
-        return self.config.splits
-
-    @property
     def input_shape(self) -> tuple[int, int, int]:
         """One training graph's edge features ``(n, n, C)``, for ``model.init``."""
         n = self.config.train_nodes
         return (n, n, self.config.num_features)
 
-    def prepare(self) -> None:
-        """Generates the training split in memory (nothing is written)."""
-        self.arrays(TRAIN)
+    def source(self, split: str) -> dict[str, np.ndarray]:
+        """The arrays of ``split`` (see `arrays`)."""
+        return self.arrays(split)
 
     def arrays(self, split: str) -> dict[str, np.ndarray]:
         """The clean arrays of ``split`` (`generate_split`)."""
@@ -270,10 +266,6 @@ class EdgeCopyTask:
     def num_examples(self, split: str) -> int:
         """Graphs in ``split``."""
         return self.config.size(split)
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.config.train_size, batch_size)
 
     def train_iterator(
         self,
@@ -296,8 +288,7 @@ class EdgeCopyTask:
                 batch["inputs"] + std * symmetric_from_upper(noise) * batch["adjacency"][..., None]
             )
 
-        batches = data.train_batches(
-            self.arrays(TRAIN),
+        batches = super().train_iterator(
             batch_size,
             seed=seed,
             start_step=start_step,
@@ -310,17 +301,6 @@ class EdgeCopyTask:
             batch_size=batch_size,
             seed=seed,
             start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` with clean inputs (`data.eval_batches`)."""
-        return data.eval_batches(
-            self.arrays(split),
-            batch_size,
             process_index=process_index,
             process_count=process_count,
         )

@@ -24,14 +24,14 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import tensorflow_datasets as tfds
 
-from deq_jax.tasks import data
+from deq_jax.tasks.base import Task
 
 TRAIN, TEST = "train", "test"
 SPLITS = (TRAIN, TEST)
@@ -157,7 +157,7 @@ def cifar10_source(split: str, data_dir: str | None = None) -> ImageRecords:
     return ImageRecords(builder.as_data_source(split=split), CIFAR10_MEAN, CIFAR10_STD)
 
 
-class ImageTask:
+class ImageTask(Task):
     """An image classification task behind the uniform task interface.
 
     Args:
@@ -194,44 +194,6 @@ class ImageTask:
         if split not in self._sources:
             self._sources[split] = self._make_source(split)
         return self._sources[split]
-
-    def num_examples(self, split: str) -> int:
-        """Images in ``split``."""
-        return data.num_examples(self.source(split))
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.num_examples(TRAIN), batch_size)
-
-    def train_iterator(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        start_step: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`)."""
-        return data.train_batches(
-            self.source(TRAIN),
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
-        return data.eval_batches(
-            self.source(split),
-            batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
 
     @staticmethod
     def metrics(logits, targets, mask=None) -> dict:

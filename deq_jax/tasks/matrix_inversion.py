@@ -37,6 +37,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from deq_jax.tasks import data
+from deq_jax.tasks.base import Task
 from deq_jax.tasks.edge_copy import add_training_noise
 from deq_jax.tasks.synthetic_1d import mean_squared_error
 
@@ -161,7 +162,7 @@ def _symmetric_noise(batch: data.Batch, noise: np.ndarray, std: float) -> np.nda
     return batch["inputs"] + std * (noise + np.swapaxes(noise, 1, 2)) / 2
 
 
-class MatrixInversionTask:
+class MatrixInversionTask(Task):
     """The matrix-inversion task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -186,18 +187,13 @@ class MatrixInversionTask:
         return self.config.splits[1:]
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """The training split followed by `eval_splits`."""
-        return self.config.splits
-
-    @property
     def input_shape(self) -> tuple[int, int]:
         """One input matrix's shape ``(d, d)``, for ``model.init``."""
         return (self.config.dim, self.config.dim)
 
-    def prepare(self) -> None:
-        """Generates the training split in memory (nothing is written)."""
-        self.arrays(TRAIN)
+    def source(self, split: str) -> dict[str, np.ndarray]:
+        """The arrays of ``split`` (see `arrays`)."""
+        return self.arrays(split)
 
     def arrays(self, split: str) -> dict[str, np.ndarray]:
         """``{"inputs", "targets"}`` of ``split`` (clean; see `generate_split`)."""
@@ -207,10 +203,6 @@ class MatrixInversionTask:
     def num_examples(self, split: str) -> int:
         """Matrices in ``split``."""
         return self.config.size(split)
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.config.train_size, batch_size)
 
     def train_iterator(
         self,
@@ -222,8 +214,7 @@ class MatrixInversionTask:
         process_count: int = 1,
     ) -> Iterator[data.Batch]:
         """Endless shuffled training batches with fresh symmetric input noise."""
-        batches = data.train_batches(
-            self.arrays(TRAIN),
+        batches = super().train_iterator(
             batch_size,
             seed=seed,
             start_step=start_step,
@@ -236,17 +227,6 @@ class MatrixInversionTask:
             batch_size=batch_size,
             seed=seed,
             start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` with clean inputs (`data.eval_batches`)."""
-        return data.eval_batches(
-            self.arrays(split),
-            batch_size,
             process_index=process_index,
             process_count=process_count,
         )

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from deq_jax.tasks import data
+from deq_jax.tasks.base import Task
 
 TRAIN = "train"
 WALL, OPEN, START, GOAL = 0, 1, 2, 3  # pixel codes of the compact grid
@@ -300,7 +301,7 @@ def maze_accuracy(logits, targets, mask=None) -> dict:
     return {names.get(k, k): v for k, v in data.sequence_accuracy(logits, targets, mask).items()}
 
 
-class MazeTask:
+class MazeTask(Task):
     """The maze task of ``config`` behind the uniform task interface (see `deq_jax.tasks`)."""
 
     name = "mazes"
@@ -316,60 +317,13 @@ class MazeTask:
         return self.config.splits[1:]
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """The training split followed by `eval_splits`."""
-        return self.config.splits
-
-    @property
     def input_shape(self) -> tuple[int, int, int]:
         """One training image's shape ``(H, W, 3)``, for ``model.init``."""
         return (image_size(self.config.train_maze_size),) * 2 + (3,)
 
-    def prepare(self) -> None:
-        """Generates the training split in memory (nothing is written)."""
-        self.source(TRAIN)
-
     def source(self, split: str) -> MazeRecords:
         """The record source of ``split`` (generated once: `generate_split` is cached)."""
         return MazeRecords(generate_split(self.config, split))
-
-    def num_examples(self, split: str) -> int:
-        """Mazes in ``split``."""
-        return self.config.size(split)
-
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.config.train_size, batch_size)
-
-    def train_iterator(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        start_step: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`)."""
-        return data.train_batches(
-            self.source(TRAIN),
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
-        return data.eval_batches(
-            self.source(split),
-            batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
 
     @staticmethod
     def metrics(logits, targets, mask=None) -> dict:

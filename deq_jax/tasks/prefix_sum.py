@@ -25,12 +25,12 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from deq_jax.tasks import _tfds, data
+from deq_jax.tasks.base import Task
 
 TRAIN = "train"
 _ENUMERATE_MAX_LENGTH = 20  # up to 2**20 candidates: sample without replacement exactly
@@ -267,7 +267,7 @@ def load(
     }
 
 
-class PrefixSumTask:
+class PrefixSumTask(Task):
     """The prefix-sum task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -290,11 +290,6 @@ class PrefixSumTask:
         return self.config.splits[1:]
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """The training split followed by `eval_splits`."""
-        return self.config.splits
-
-    @property
     def input_shape(self) -> tuple[int, int]:
         """One training example's input shape, ``(train_length, 1)``, for ``model.init``."""
         return (self.config.train_length, 1)
@@ -307,50 +302,15 @@ class PrefixSumTask:
         """Number of strings in ``split``."""
         return self.config.size(split)
 
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.config.train_size, batch_size)
+    def source(self, split: str) -> dict[str, np.ndarray]:
+        """The arrays of ``split`` (see `arrays`)."""
+        return self.arrays(split)
 
     def arrays(self, split: str) -> dict[str, np.ndarray]:
         """`load`-ed arrays of ``split``, read once and cached."""
         if split not in self._arrays:
             self._arrays[split] = load(split, config=self.config, data_dir=self.data_dir)
         return self._arrays[split]
-
-    def train_iterator(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        start_step: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`).
-
-        Yields ``{"inputs": float32 [b, L, 1], "targets": int32 [b, L], "mask": bool [b],
-        "index": int32 [b]}`` with ``b = batch_size // process_count``.
-        """
-        return data.train_batches(
-            self.arrays(TRAIN),
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
-        self.config.check_split(split)
-        return data.eval_batches(
-            self.arrays(split),
-            batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
 
     @staticmethod
     def metrics(logits, targets, mask=None) -> dict:

@@ -20,12 +20,11 @@ References:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import jax.numpy as jnp
 import numpy as np
 
-from deq_jax.tasks import data
+from deq_jax.tasks.base import Task
 
 TRAIN, VALIDATION = "train", "validation"
 SPLITS = (TRAIN, VALIDATION)
@@ -121,7 +120,7 @@ def mean_squared_error(predictions, targets, mask=None) -> dict:
     return {"mse": jnp.sum(weight * per_example) / jnp.maximum(count, 1.0), "count": count}
 
 
-class Synthetic1DTask:
+class Synthetic1DTask(Task):
     """The 1-D regression task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -140,17 +139,13 @@ class Synthetic1DTask:
         self.config = config
         self._arrays: dict[str, dict[str, np.ndarray]] | None = None
 
-    def prepare(self) -> None:
-        """Generates the data in memory (nothing is written)."""
-        self.arrays(TRAIN)
-
     def num_examples(self, split: str) -> int:
         """Pairs in ``split``."""
         return self.config.size(split)
 
-    def steps_per_epoch(self, batch_size: int) -> int:
-        """Training steps per epoch at a global ``batch_size``."""
-        return data.steps_per_epoch(self.config.train_size, batch_size)
+    def source(self, split: str) -> dict[str, np.ndarray]:
+        """The arrays of ``split`` (see `arrays`)."""
+        return self.arrays(split)
 
     def arrays(self, split: str) -> dict[str, np.ndarray]:
         """``{"inputs": float32 [N, 1], "targets": float32 [N, 1]}`` of ``split``, cached."""
@@ -158,36 +153,6 @@ class Synthetic1DTask:
         if self._arrays is None:
             self._arrays = generate(self.config)
         return self._arrays[split]
-
-    def train_iterator(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        start_step: int = 0,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches (`deq_jax.tasks.data.train_batches`)."""
-        return data.train_batches(
-            self.arrays(TRAIN),
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-
-    def eval_iterator(
-        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
-    ) -> Iterator[data.Batch]:
-        """One padded pass over ``split`` (`deq_jax.tasks.data.eval_batches`)."""
-        return data.eval_batches(
-            self.arrays(split),
-            batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
 
     @staticmethod
     def metrics(predictions, targets, mask=None) -> dict:

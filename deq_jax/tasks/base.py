@@ -1,0 +1,90 @@
+"""`Task`: the plumbing every task shares, built on one method, ``source(split)``.
+
+A task names its splits, returns the data of a split as a *source* (a mapping of
+arrays or a random-access record source, see `deq_jax.tasks.data`) and scores
+predictions. Everything else -- sizes, resumable training batches, padded evaluation
+passes, multi-host sharding -- follows from ``source`` and lives here once. A task that
+changes a piece (training noise drawn per step, a cheaper example count) overrides that
+method alone.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import Any
+
+from deq_jax.tasks import data
+
+TRAIN = "train"
+
+
+class Task(abc.ABC):
+    """Base class of the tasks (see the `deq_jax.tasks` docstring for the interface).
+
+    Subclasses define ``name``, ``input_shape``, ``eval_splits``, ``source`` and
+    ``metrics``; classification tasks set ``num_classes``, regression tasks set
+    ``num_classes = None`` and ``num_outputs``.
+    """
+
+    name: str
+    train_split: str = TRAIN
+
+    @property
+    @abc.abstractmethod
+    def eval_splits(self) -> tuple[str, ...]:
+        """The evaluation splits."""
+
+    @abc.abstractmethod
+    def source(self, split: str) -> Any:
+        """The data of ``split``: a mapping of arrays or a random-access record source."""
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The training split followed by `eval_splits`."""
+        return (self.train_split, *self.eval_splits)
+
+    def prepare(self) -> None:
+        """Builds (or loads) the training data, so the first step does not wait for it."""
+        self.source(self.train_split)
+
+    def num_examples(self, split: str) -> int:
+        """Examples in ``split``."""
+        return data.num_examples(self.source(split))
+
+    def steps_per_epoch(self, batch_size: int) -> int:
+        """Training steps per epoch at a global ``batch_size`` (remainder dropped)."""
+        return data.steps_per_epoch(self.num_examples(self.train_split), batch_size)
+
+    def train_iterator(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        start_step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Iterator[data.Batch]:
+        """Endless shuffled training batches, resumable at ``start_step``.
+
+        See `deq_jax.tasks.data.train_batches`; ``batch_size`` is global.
+        """
+        return data.train_batches(
+            self.source(self.train_split),
+            batch_size,
+            seed=seed,
+            start_step=start_step,
+            process_index=process_index,
+            process_count=process_count,
+        )
+
+    def eval_iterator(
+        self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1
+    ) -> Iterator[data.Batch]:
+        """One ordered pass over ``split``, the last batch padded with ``mask=False``."""
+        return data.eval_batches(
+            self.source(split),
+            batch_size,
+            process_index=process_index,
+            process_count=process_count,
+        )
