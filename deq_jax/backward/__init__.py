@@ -15,27 +15,10 @@ from deq_jax.backward.probe import BACKWARD_STATS, read_stats_probe, stats_probe
 from deq_jax.backward.unrolled import unrolled
 
 _REGISTRY = Registry("backward mode")
+# The registry's bound methods are this package's public registry functions.
+register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
 for _ctor in (ift, phantom, jacobian_free, unrolled):
-    _REGISTRY.register(_ctor.__name__, _ctor)
-
-
-def register(name: str, ctor, *, overwrite: bool = False):
-    """Registers a backward-mode constructor (a `Backward` subclass) under ``name``."""
-    return _REGISTRY.register(name, ctor, overwrite=overwrite)
-
-
-def get(name: str, **hyper) -> Backward:
-    """Builds the backward mode registered as ``name``.
-
-    Raises:
-      ValueError: for an unknown name or keyword, listing the valid ones.
-    """
-    return _REGISTRY.get(name, **hyper)
-
-
-def names() -> list[str]:
-    """Registered backward-mode names."""
-    return _REGISTRY.names()
+    register(_ctor.__name__, _ctor)
 
 
 __all__ = [

@@ -20,27 +20,10 @@ from deq_jax.solvers.linalg import spd_solve
 from deq_jax.solvers.loop import LOOPS, iterate
 
 _REGISTRY = Registry("solver")
+# The registry's bound methods are this package's public registry functions.
+register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
 for _ctor in (fixed_point_iteration, anderson, broyden):
-    _REGISTRY.register(_ctor.__name__, _ctor)
-
-
-def register(name: str, ctor, *, overwrite: bool = False):
-    """Registers a solver constructor (a `Solver` subclass) under ``name``."""
-    return _REGISTRY.register(name, ctor, overwrite=overwrite)
-
-
-def get(name: str, **hyper) -> Solver:
-    """Builds the solver registered as ``name`` with hyper-parameters ``hyper``.
-
-    Raises:
-      ValueError: for an unknown name or keyword, listing the valid ones.
-    """
-    return _REGISTRY.get(name, **hyper)
-
-
-def names() -> list[str]:
-    """Registered solver names."""
-    return _REGISTRY.names()
+    register(_ctor.__name__, _ctor)
 
 
 __all__ = [

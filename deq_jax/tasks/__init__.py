@@ -35,8 +35,6 @@ References:
   Problems with Recurrent Networks", NeurIPS 2021.
 """
 
-from typing import Any
-
 from deq_jax._registry import Registry
 from deq_jax.tasks import data
 from deq_jax.tasks.blurry_digits import blurry_digits
@@ -48,33 +46,16 @@ from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
 from deq_jax.tasks.synthetic_1d import synthetic_1d
 
 _REGISTRY = Registry("task")
-_REGISTRY.register(prefix_sum.__name__, prefix_sum)
-_REGISTRY.register(synthetic_1d.__name__, synthetic_1d)
-_REGISTRY.register(digits.__name__, digits)
-_REGISTRY.register(cifar10.__name__, cifar10)
-_REGISTRY.register(mazes.__name__, mazes)
-_REGISTRY.register(edge_copy.__name__, edge_copy)
-_REGISTRY.register(matrix_inversion.__name__, matrix_inversion)
-_REGISTRY.register(blurry_digits.__name__, blurry_digits)
-
-
-def register(name: str, ctor, *, overwrite: bool = False):
-    """Registers a task constructor under ``name``."""
-    return _REGISTRY.register(name, ctor, overwrite=overwrite)
-
-
-def get(name: str, **kwargs: Any):
-    """Builds the task registered as ``name`` with keywords ``kwargs``.
-
-    Raises:
-      ValueError: for an unknown name or keyword, listing the valid ones.
-    """
-    return _REGISTRY.get(name, **kwargs)
-
-
-def names() -> list[str]:
-    """Registered task names."""
-    return _REGISTRY.names()
+# The registry's bound methods are this package's public registry functions.
+register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
+register(prefix_sum.__name__, prefix_sum)
+register(synthetic_1d.__name__, synthetic_1d)
+register(digits.__name__, digits)
+register(cifar10.__name__, cifar10)
+register(mazes.__name__, mazes)
+register(edge_copy.__name__, edge_copy)
+register(matrix_inversion.__name__, matrix_inversion)
+register(blurry_digits.__name__, blurry_digits)
 
 
 __all__ = [
