@@ -123,3 +123,27 @@ def test_adversary_rejects_bad_budgets():
             key=jax.random.PRNGKey(0),
             restarts=0,
         )
+
+
+def test_time_scaling_rows_and_convergence():
+    from deq_jax import analysis
+
+    model = dj.nn.DEQ(dj.nn.MLPCell(features=8), solver=dj.solvers.fixed_point_iteration(tol=1e-6))
+    x = jax.random.normal(jax.random.PRNGKey(8), (6, 3))
+    variables = model.init(jax.random.PRNGKey(9), x, train=False)
+    apply = jax.jit(
+        lambda x, n: model.apply(variables, x, train=False, max_iter=n), static_argnums=1
+    )
+    targets = jnp.argmax(apply(x, 200)[0], axis=-1)  # the converged model's own answers
+    mask = jnp.array([True] * 5 + [False])
+    rows = analysis.test_time_scaling(
+        apply,
+        {"easy": lambda: [{"inputs": x, "targets": targets, "mask": mask}]},
+        budgets=[1, 3, 200],
+        metric_fn=analysis.accuracy_from_logits,
+    )
+    assert [r["max_iter"] for r in rows] == [1, 3, 200]
+    assert rows[-1]["accuracy"] == 1.0 and rows[-1]["converged"] == 1.0
+    assert rows[0]["nstep_mean"] == 1.0 and rows[-1]["nstep_mean"] > 3
+    residuals = [r["rel_residual_mean"] for r in rows]
+    assert residuals[0] > residuals[1] > residuals[2]
