@@ -27,6 +27,13 @@ Sections:
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget.
+  regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
+    (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
+    (gamma), ramped linearly from ``jacobian_weight_start`` over
+    ``jacobian_weight_steps`` steps (0: no ramp), applied on a step with probability
+    ``jacobian_freq`` (p) with ``jacobian_samples`` Hutchinson probes (M); the spectral
+    radius of ``J_f(z*)`` is logged every ``spectral_every`` steps (0: never) with
+    ``spectral_iters`` power iterations.
   ckpt: orbax checkpoints every ``every_steps`` and at the end, the last ``keep`` kept.
   log: progress line and metric interval (``every_steps``), TensorBoard on/off.
 """
@@ -118,6 +125,18 @@ def get_config() -> ConfigDict:
             splits=(),
             max_batches=0,
             budget_multipliers=(1, 2, 4),
+        )
+    )
+
+    config.regularizer = ConfigDict(
+        dict(
+            jacobian_weight=0.0,
+            jacobian_weight_start=0.0,
+            jacobian_weight_steps=0,
+            jacobian_freq=1.0,
+            jacobian_samples=1,
+            spectral_every=0,
+            spectral_iters=20,
         )
     )
 

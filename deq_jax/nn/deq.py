@@ -23,6 +23,7 @@ from deq_jax import _flat
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.fixed_point import fixed_point
+from deq_jax.regularizers.jacobian import jacobian_frobenius, spectral_radius
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
 
@@ -121,6 +122,12 @@ class DEQ(nn.Module):
     training with that collection mutable, the cell is called once at ``z0`` outside
     the solve; inside the solve every collection is read-only.
 
+    Stability. With ``jacobian_samples > 0`` the call sows the Hutchinson estimate of
+    ``||J_f(z*)||_F^2 / d`` (the regulariser of Bai et al. 2021) and with
+    ``spectral_iters > 0`` the power-method spectral radius of ``J_f(z*)``, each ``[B]``,
+    into ``"intermediates"`` (call ``apply`` with ``mutable=["intermediates"]`` and a
+    ``"jacobian"`` rng); `deq_jax.training` adds the first to the loss.
+
     Budgets. The solver's ``max_iter`` is replaced by ``train_max_iter`` or
     ``eval_max_iter`` (whichever matches ``train``, if set), and by the ``max_iter``
     call argument above both (for sweeping the test-time budget).
@@ -147,6 +154,8 @@ class DEQ(nn.Module):
       Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
       Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
       Computation", NeurIPS 2022.
+      Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+      Regularization", ICML 2021.
     """
 
     cell: nn.Module
@@ -190,6 +199,8 @@ class DEQ(nn.Module):
         train: bool,
         max_iter: int | None = None,
         stats_probe: jax.Array | None = None,
+        jacobian_samples: int = 0,
+        spectral_iters: int = 0,
     ) -> tuple[Any, SolverStats]:
         """Solves ``z = cell(z, x)``.
 
@@ -202,6 +213,14 @@ class DEQ(nn.Module):
             `jax.jit`). An ``ift()`` without its own solver reuses this budget backward.
           stats_probe: an optional `deq_jax.backward.stats_probe()` whose gradient
             carries the backward solve's statistics (see `deq_jax.backward.probe`).
+          jacobian_samples: if ``> 0``, sows the Hutchinson estimate of
+            ``||J_f(z*)||_F^2 / d`` with this many probes as ``"jacobian_term"`` ``[B]``
+            in the ``"intermediates"`` collection (`deq_jax.regularizers.jacobian_frobenius`
+            at the detached ``z*``, differentiable w.r.t. the cell's parameters). Draws
+            from the ``"jacobian"`` rng stream.
+          spectral_iters: if ``> 0``, sows the power-method estimate of ``rho(J_f(z*))``
+            with this many iterations as ``"spectral_radius"`` ``[B]`` (a diagnostic, at
+            the detached ``z*``). Draws from the ``"jacobian"`` rng stream.
 
         Returns:
           ``(z_star, stats)``: the fixed point (like the state, differentiable w.r.t. the
@@ -211,7 +230,11 @@ class DEQ(nn.Module):
         Raises:
           ValueError: if the cell's output does not match the state, an explicit ``z0``
             does not match the cell's ``state_spec``, or ``z_init`` needs a ``"z0"`` rng
-            that was not supplied.
+            (or the Jacobian estimates a ``"jacobian"`` rng) that was not supplied.
+
+        References:
+          Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+          Regularization", ICML 2021 (the Jacobian term and the spectral radius).
         """
         solver = self.solver_for(train, max_iter)
         if z0 is None:
@@ -246,4 +269,22 @@ class DEQ(nn.Module):
         sol = fixed_point(
             f, z0, args, solver=solver, backward=self.backward, stats_probe=stats_probe
         )
+        if jacobian_samples > 0 or spectral_iters > 0:
+            self._sow_jacobian(f, sol.value, args, jacobian_samples, spectral_iters)
         return sol.value, sol.stats
+
+    def _sow_jacobian(self, f, z_star, args, jacobian_samples: int, spectral_iters: int) -> None:
+        """Sows the Jacobian term and the spectral radius at the detached ``z*``."""
+        if not (self.has_rng("jacobian") or self.has_rng("params")):
+            raise ValueError(
+                "The Jacobian estimates draw probes from the 'jacobian' rng stream: pass "
+                "rngs={'jacobian': key} to apply."
+            )
+        k_term, k_rho = jax.random.split(self.make_rng("jacobian"))
+        z_star = jax.lax.stop_gradient(z_star)
+        if jacobian_samples > 0:
+            term = jacobian_frobenius(f, z_star, args, k_term, jacobian_samples)  # [B]
+            self.sow("intermediates", "jacobian_term", term)
+        if spectral_iters > 0:
+            rho = spectral_radius(f, z_star, args, k_rho, spectral_iters)  # [B]
+            self.sow("intermediates", "spectral_radius", jax.lax.stop_gradient(rho))

@@ -1,11 +1,20 @@
 """Task models: an input projection, one `DEQ` and a readout, built by name.
 
 Every model is a linen module called as ``model.apply(variables, inputs, train=...,
-max_iter=None) -> (logits, stats)``: ``logits`` carry the class scores on the last axis
-and ``stats`` are the DEQ's per-sample `deq_jax.SolverStats`. ``max_iter`` overrides
-the solver budget of one call, to measure accuracy against test-time compute.
+max_iter=None, stats_probe=None, jacobian_samples=0, spectral_iters=0) -> (outputs,
+stats)``: ``outputs`` carry the class scores on the last axis (or the regression
+prediction) and ``stats`` are the DEQ's per-sample `deq_jax.SolverStats`. ``max_iter``
+overrides the solver budget of one call, to measure accuracy against test-time compute;
+the last three keywords go to the DEQ unchanged (the backward-statistics probe, and the
+Jacobian term and spectral radius it sows into ``"intermediates"``; see `DEQ`).
+
+Registered: ``prefix_sum_deq`` (`PrefixSumDEQ`), ``synthetic_1d_deq``
+(`Synthetic1DDEQ`, the 200-parameter DEQ of Bai et al. 2021) and ``digits_deq``
+(`DigitsDEQ`, a small convolutional DEQ for 8x8 digits).
 
 References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021.
   Schwarzschild et al., "Can You Learn an Algorithm? Generalizing from Easy to Hard
   Problems with Recurrent Networks", NeurIPS 2021.
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
@@ -18,11 +27,12 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from deq_jax._registry import Registry
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
-from deq_jax.nn.cells import Conv1DCell
+from deq_jax.nn.cells import Conv1DCell, Conv2DCell
 from deq_jax.nn.deq import DEQ
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
@@ -74,9 +84,13 @@ class PrefixSumDEQ(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, *, train: bool, max_iter: int | None = None
+        self, x: jax.Array, *, train: bool, max_iter: int | None = None, **deq_options: Any
     ) -> tuple[jax.Array, SolverStats]:
-        """``x [B, L, C] -> (logits [B, L, num_classes], stats)``."""
+        """``x [B, L, C] -> (logits [B, L, num_classes], stats)``.
+
+        ``deq_options`` (``stats_probe``, ``jacobian_samples``, ``spectral_iters``) go to
+        the `DEQ` call.
+        """
         if x.ndim != 3:
             raise ValueError(f"PrefixSumDEQ expects inputs [B, L, C], got shape {x.shape}.")
         conv = lambda features, name: nn.Conv(
@@ -93,23 +107,174 @@ class PrefixSumDEQ(nn.Module):
             dropout_rate=self.dropout_rate,
             name="cell",
         )
-        deq = DEQ(
-            cell,
-            solver=self.solver,
-            backward=self.backward,
-            z_init=self.z_init,
-            train_max_iter=self.train_max_iter,
-            eval_max_iter=self.eval_max_iter,
-            name="deq",
-        )
-        z, stats = deq(u, train=train, max_iter=max_iter)  # [B, L, width]
+        z, stats = _solve(self, cell, u, train, max_iter, deq_options)  # [B, L, width]
         h = nn.relu(conv(self.width, "head_0")(z))
         h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))
         return conv(self.num_classes, "head_out")(h), stats
 
 
+def _solve(model, cell, x, train, max_iter, deq_options) -> tuple[Any, SolverStats]:
+    """Calls a `DEQ` named ``"deq"`` on ``cell`` with the model's solver fields."""
+    deq = DEQ(
+        cell,
+        solver=model.solver,
+        backward=model.backward,
+        z_init=model.z_init,
+        train_max_iter=model.train_max_iter,
+        eval_max_iter=model.eval_max_iter,
+        name="deq",
+    )
+    return deq(x, train=train, max_iter=max_iter, **deq_options)
+
+
+class ScalarReLUCell(nn.Module):
+    """``f(z; x) = W2^T ReLU(W1 z + U x + b)`` for a scalar state and a scalar input.
+
+    Parameters (each ``[hidden]``): ``W1``, ``U``, ``b`` and ``W2``; 200 in all with the
+    paper's 50 hidden units. ``f`` is piecewise linear in ``z`` with slope
+    ``sum_j W2_j W1_j [unit j active]``, so its Jacobian is that scalar.
+
+    Attributes:
+      hidden: hidden units.
+      recurrent_std: standard deviation of the initial ``W1``, ``U`` and ``b``.
+      out_std: standard deviation of the initial ``W2`` (times ``1 / sqrt(hidden)``).
+
+    References:
+      Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+      Regularization", ICML 2021 (Section 5.1, the synthetic experiment).
+    """
+
+    hidden: int = 50
+    recurrent_std: float = 1.0
+    out_std: float = 0.5
+
+    @nn.compact
+    def __call__(self, z: jax.Array, x: jax.Array) -> jax.Array:
+        """``z [B, 1], x [B, 1] -> f(z; x) [B, 1]``."""
+        normal = nn.initializers.normal
+        w1 = self.param("W1", normal(self.recurrent_std), (self.hidden,))
+        u = self.param("U", normal(self.recurrent_std), (self.hidden,))
+        b = self.param("b", normal(self.recurrent_std), (self.hidden,))
+        w2 = self.param("W2", normal(self.out_std / self.hidden**0.5), (self.hidden,))
+        h = nn.relu(z * w1 + x.astype(z.dtype) * u + b)  # [B, hidden]
+        return jnp.sum(h * w2, axis=-1, keepdims=True)  # [B, 1]
+
+
+class Synthetic1DDEQ(nn.Module):
+    """The 200-parameter DEQ of the synthetic 1-D experiment: the prediction is ``z*``.
+
+    ``x [B, 1]`` is injected into a `ScalarReLUCell` and the equilibrium
+    ``z* = f(z*; x)`` ``[B, 1]`` is returned as the regression output, with no readout,
+    as in the paper.
+
+    Attributes:
+      hidden: hidden units of the cell (50: 200 parameters).
+      recurrent_std: see `ScalarReLUCell`.
+      out_std: see `ScalarReLUCell`.
+      solver: the DEQ's forward solver.
+      backward: the DEQ's backward mode.
+      z_init: the initial state.
+      train_max_iter: the solver budget in training (``None``: the solver's).
+      eval_max_iter: the solver budget in evaluation (``None``: the solver's).
+
+    References:
+      Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+      Regularization", ICML 2021 (Section 5.1).
+    """
+
+    hidden: int = 50
+    recurrent_std: float = 1.0
+    out_std: float = 0.5
+    solver: Solver = anderson()
+    backward: Backward = ift()
+    z_init: str = "zeros"
+    train_max_iter: int | None = None
+    eval_max_iter: int | None = None
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, *, train: bool, max_iter: int | None = None, **deq_options: Any
+    ) -> tuple[jax.Array, SolverStats]:
+        """``x [B, 1] -> (z* [B, 1], stats)``; ``deq_options`` go to the `DEQ` call."""
+        if x.ndim != 2 or x.shape[-1] != 1:
+            raise ValueError(f"Synthetic1DDEQ expects inputs [B, 1], got shape {x.shape}.")
+        cell = ScalarReLUCell(self.hidden, self.recurrent_std, self.out_std, name="cell")
+        return _solve(self, cell, x, train, max_iter, deq_options)
+
+
+class DigitsDEQ(nn.Module):
+    """A small convolutional DEQ classifier of ``[B, H, W, C]`` images (8x8 digits).
+
+    A 3x3 convolution projects the image to ``width`` channels, that projection is
+    injected into a `Conv2DCell` (group norm, weight-normalised convolutions by
+    default), and the fixed point ``z* [B, H, W, width]`` is average-pooled over 2x2
+    windows, flattened and read out by one dense layer.
+
+    Attributes:
+      width: channels of the projection and the state.
+      num_blocks: residual blocks of the cell.
+      kernel_size: the cell's convolution window.
+      num_classes: classes (10).
+      norm: the cell's normalisation (``None``, ``"group"``, ``"layer"``).
+      norm_groups: groups of the group norm.
+      weight_norm: weight-normalise the cell's convolutions.
+      dropout_rate: the cell's variational dropout rate.
+      solver: the DEQ's forward solver.
+      backward: the DEQ's backward mode.
+      z_init: the initial state.
+      train_max_iter: the solver budget in training (``None``: the solver's).
+      eval_max_iter: the solver budget in evaluation (``None``: the solver's).
+
+    References:
+      Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+      Regularization", ICML 2021 (Table 3: accuracy against the inference budget).
+      Bai, Koltun, Kolter, "Multiscale Deep Equilibrium Models", NeurIPS 2020 (group
+      norm and weight norm in convolutional cells).
+    """
+
+    width: int = 16
+    num_blocks: int = 1
+    kernel_size: int = 3
+    num_classes: int = 10
+    norm: str | None = "group"
+    norm_groups: int = 4
+    weight_norm: bool = True
+    dropout_rate: float = 0.0
+    solver: Solver = anderson()
+    backward: Backward = ift()
+    z_init: str = "zeros"
+    train_max_iter: int | None = None
+    eval_max_iter: int | None = None
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, *, train: bool, max_iter: int | None = None, **deq_options: Any
+    ) -> tuple[jax.Array, SolverStats]:
+        """``x [B, H, W, C] -> (logits [B, num_classes], stats)``; ``deq_options`` go to
+        the `DEQ` call."""
+        if x.ndim != 4:
+            raise ValueError(f"DigitsDEQ expects inputs [B, H, W, C], got shape {x.shape}.")
+        u = nn.Conv(self.width, (3, 3), padding="SAME", name="project")(x)  # [B, H, W, width]
+        cell = Conv2DCell(
+            self.width,
+            num_blocks=self.num_blocks,
+            kernel_size=self.kernel_size,
+            norm=self.norm,
+            norm_groups=self.norm_groups,
+            weight_norm=self.weight_norm,
+            dropout_rate=self.dropout_rate,
+            name="cell",
+        )
+        z, stats = _solve(self, cell, u, train, max_iter, deq_options)  # [B, H, W, width]
+        pooled = nn.avg_pool(z, (2, 2), strides=(2, 2))  # [B, H/2, W/2, width]
+        features = pooled.reshape(pooled.shape[0], -1)  # [B, H/2 * W/2 * width]
+        return nn.Dense(self.num_classes, name="head")(features), stats
+
+
 _REGISTRY = Registry("model")
 _REGISTRY.register("prefix_sum_deq", PrefixSumDEQ)
+_REGISTRY.register("synthetic_1d_deq", Synthetic1DDEQ)
+_REGISTRY.register("digits_deq", DigitsDEQ)
 
 
 def register(name: str, ctor: Any, *, overwrite: bool = False) -> Any:

@@ -8,6 +8,8 @@ helpers and the metric writers.
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021 (the Jacobian regulariser, `JacobianRegularizer`).
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
   Computation", NeurIPS 2022.
 """
@@ -16,9 +18,16 @@ from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
 from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
 from deq_jax.training.optim import make_optimizer, make_schedule
+from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import Run, setup
 from deq_jax.training.state import TrainState, create_train_state
-from deq_jax.training.steps import classification_loss, make_eval_step, make_train_step
+from deq_jax.training.steps import (
+    classification_loss,
+    make_eval_step,
+    make_spectral_step,
+    make_train_step,
+    regression_loss,
+)
 from deq_jax.training.train import NonFiniteLossError, RunResult, train_and_evaluate
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 
@@ -26,6 +35,7 @@ __all__ = [
     "CheckpointMismatchError",
     "Checkpointer",
     "Evaluator",
+    "JacobianRegularizer",
     "MetricWriter",
     "NonFiniteLossError",
     "ProgressLogger",
@@ -40,8 +50,10 @@ __all__ = [
     "make_eval_step",
     "make_optimizer",
     "make_schedule",
+    "make_spectral_step",
     "make_train_step",
     "read_metrics",
+    "regression_loss",
     "setup",
     "sharding",
     "train_and_evaluate",

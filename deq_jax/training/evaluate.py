@@ -59,7 +59,11 @@ class Evaluator:
             max_iter = getattr(self.model, "eval_max_iter", None)
         if max_iter not in self._steps:
             self._steps[max_iter] = steps.make_eval_step(
-                self.model, self.task.metrics, self.mesh, max_iter
+                self.model,
+                self.task.metrics,
+                self.mesh,
+                max_iter,
+                regression=steps.is_regression(self.task),
             )
         return self._steps[max_iter]
 
@@ -170,7 +174,8 @@ def evaluate_checkpoint(
     report = length_report(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}
     )
-    keys = [k for k in next(iter(next(iter(report.values())).values())) if k.endswith("accuracy")]
+    first = next(iter(next(iter(report.values())).values()))
+    keys = [k for k in first if k.endswith("accuracy") or k == "mse"]
     emit(
         f"Checkpoint step {run.start_step} of {workdir}:\n"
         + format_report(report, keys + ["nstep_mean", "loss"])

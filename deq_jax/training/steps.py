@@ -1,13 +1,24 @@
-"""The jitted train and eval steps of a classification model built around a DEQ.
+"""The jitted train and eval steps of a model built around a DEQ.
 
 A model here is a linen module called as ``model.apply(variables, inputs, train=...,
-max_iter=...) -> (logits [B, ..., C], stats)`` with ``stats`` the DEQ's per-sample
-`deq_jax.SolverStats` (see `deq_jax.nn.models`). Targets are integer labels ``[B, ...]``
-and ``mask [B]`` marks real (not padding) examples.
+max_iter=..., stats_probe=..., jacobian_samples=..., spectral_iters=...) -> (outputs,
+stats)`` with ``stats`` the DEQ's per-sample `deq_jax.SolverStats` (see
+`deq_jax.nn.models`). For a classification task (``task.num_classes`` set) ``outputs``
+are logits ``[B, ..., C]`` and targets integer labels ``[B, ...]``; for a regression
+task (``num_classes=None``, e.g. ``synthetic_1d``) outputs and targets are real
+``[B, ...]`` and the loss is the mean squared error. ``mask [B]`` marks real (not
+padding) examples.
 
-Both steps are `jax.jit` functions whose inputs carry `NamedSharding`s (state
+The train step differentiates the loss w.r.t. the parameters and a
+`deq_jax.backward.stats_probe`, so the backward solve's statistics are logged next to
+the forward ones, and adds the Jacobian regulariser (`JacobianRegularizer`) when it is
+on. All steps are `jax.jit` functions whose inputs carry `NamedSharding`s (state
 replicated, batch split along the data axis; `deq_jax.training.sharding`), so XLA
 splits the work over devices and averages the gradients itself.
+
+References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021.
 """
 
 from __future__ import annotations
@@ -18,17 +29,23 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 from jax.sharding import Mesh
 
+from deq_jax.backward.probe import read_stats_probe, stats_probe
 from deq_jax.solvers.base import SolverStats
 from deq_jax.training import sharding
+from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
 
-# Metrics a task computes from (logits, targets, mask); e.g. `PrefixSumTask.metrics`.
+# Metrics a task computes from (outputs, targets, mask); e.g. `PrefixSumTask.metrics`.
 TaskMetrics = Callable[[jax.Array, jax.Array, jax.Array], Mapping[str, jax.Array]]
 
 # Rng streams a step hands to the model: dropout masks and random initial states.
 RNG_STREAMS = ("dropout", "z0")
+# The stream of the Jacobian probes, drawn apart so the streams above do not change.
+JACOBIAN_STREAM = "jacobian"
+INTERMEDIATES = "intermediates"
 
 
 def classification_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
@@ -43,16 +60,38 @@ def classification_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) 
       A scalar; padding rows count for nothing.
     """
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, ...]
-    ce = ce.reshape(ce.shape[0], -1).mean(axis=1)  # [B]
-    w = mask.astype(ce.dtype)
-    return jnp.sum(ce * w) / jnp.maximum(jnp.sum(w), 1.0)
+    return masked_mean(ce.reshape(ce.shape[0], -1).mean(axis=1), mask)
+
+
+def regression_loss(outputs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean squared error over every output of the real examples.
+
+    Args:
+      outputs: ``[B, ...]`` predictions.
+      targets: ``[B, ...]``, the same shape.
+      mask: ``[B]`` bool, false for padding rows.
+
+    Returns:
+      A scalar; padding rows count for nothing.
+    """
+    err = jnp.square(outputs - targets.astype(outputs.dtype))  # [B, ...]
+    return masked_mean(err.reshape(err.shape[0], -1).mean(axis=1), mask)
+
+
+def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """The mean of ``values [B]`` over the real examples (``mask [B]``)."""
+    w = mask.astype(values.dtype)
+    return jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def is_regression(task: Any) -> bool:
+    """Whether ``task`` is a regression task (``num_classes`` is ``None``)."""
+    return getattr(task, "num_classes", None) is None
 
 
 def solver_metrics(stats: SolverStats, mask: jax.Array) -> dict[str, jax.Array]:
     """Means (and the max of ``nstep``) of the solver statistics over real examples."""
-    w = mask.astype(jnp.float32)
-    n = jnp.maximum(jnp.sum(w), 1.0)
-    mean = lambda x: jnp.sum(jnp.asarray(x, jnp.float32) * w) / n
+    mean = lambda x: masked_mean(jnp.asarray(x, jnp.float32), mask)
     finite = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
     return {
         "nstep_mean": mean(stats.nstep),
@@ -64,57 +103,123 @@ def solver_metrics(stats: SolverStats, mask: jax.Array) -> dict[str, jax.Array]:
     }
 
 
-def _task_metrics(metrics_fn: TaskMetrics, logits, targets, mask) -> dict[str, jax.Array]:
-    out = dict(metrics_fn(logits, targets, mask))
+def sown(intermediates: Mapping[str, Any], name: str) -> jax.Array:
+    """Every value sown as ``name`` (e.g. by each DEQ of a model), ``[B]`` summed."""
+    flat = traverse_util.flatten_dict(dict(intermediates))
+    values = [v for path, tup in flat.items() if path[-1] == name for v in tup]
+    if not values:
+        raise ValueError(f"The model sowed no {name!r}; its DEQ must receive the option.")
+    return sum(values[1:], values[0])
+
+
+def _task_metrics(metrics_fn: TaskMetrics, outputs, targets, mask) -> dict[str, jax.Array]:
+    out = dict(metrics_fn(outputs, targets, mask))
     out.pop("count", None)
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
+def _step_key(state: TrainState) -> jax.Array:
+    """The step's key for the Jacobian probes and the Bernoulli draw."""
+    return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0x4A4143)
+
+
 def make_train_step(
-    model: Any, metrics_fn: TaskMetrics, schedule: optax.Schedule, mesh: Mesh
+    model: Any,
+    metrics_fn: TaskMetrics,
+    schedule: optax.Schedule,
+    mesh: Mesh,
+    *,
+    regression: bool = False,
+    regularizer: JacobianRegularizer | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds ``train_step(state, batch) -> (state, metrics)``, jitted over ``mesh``.
 
     Args:
       model: the linen model (see the module docstring).
-      metrics_fn: the task's metrics, ``(logits, targets, mask) -> dict``.
+      metrics_fn: the task's metrics, ``(outputs, targets, mask) -> dict``.
       schedule: the learning-rate schedule, reported as ``learning_rate``.
       mesh: the data-parallel mesh.
+      regression: mean squared error instead of cross-entropy (no ``accuracy``).
+      regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
+        With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
+        either the regularised or the plain gradient, so skipped steps cost nothing.
 
     Returns:
-      The jitted step. ``metrics`` holds ``loss``, the task's metrics (e.g.
-      ``bit_accuracy``), ``accuracy`` (the first of those), the solver's ``nstep_mean``,
-      ``nstep_max``, residuals and convergence rate, ``grad_norm``, ``param_norm`` and
-      ``learning_rate``, all scalars. The state is donated.
+      The jitted step. ``metrics`` holds ``loss`` (the optimised loss), ``task_loss``,
+      the task's metrics, ``accuracy`` (the first of those, for classification), the
+      forward solver's ``nstep_mean``, ``nstep_max``, residuals and convergence rate,
+      the backward solve's ``bwd_nstep_mean``, ``bwd_nstep_max``,
+      ``bwd_abs_residual_max``, ``bwd_converged_fraction`` (zero for modes without a
+      backward solve), ``grad_norm``, ``param_norm``, ``learning_rate`` and, with the
+      regulariser on, ``jacobian_weight``, ``jacobian_applied`` and ``jacobian_term``
+      (NaN on steps that skip it). All scalars. The state is donated.
+
+    References:
+      Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+      Regularization", ICML 2021.
     """
+    reg = regularizer or JacobianRegularizer()
+    loss_of = regression_loss if regression else classification_loss
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
         mutable = list(state.model_state)
+        k_jacobian, k_draw = jax.random.split(_step_key(state))
+        rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
+        weight = reg.weight(state.step)
 
-        def loss_fn(params):
-            out = model.apply(
+        def loss_fn(params, probe, samples: int):
+            (outputs, stats), new_model_state = model.apply(
                 state.variables(params),
                 inputs,
                 train=True,
-                rngs=state.step_rngs(*RNG_STREAMS),
-                mutable=mutable or False,
+                rngs=rngs,
+                mutable=mutable + [INTERMEDIATES],
+                stats_probe=probe,
+                jacobian_samples=samples,
             )
-            (logits, stats), new_model_state = out if mutable else (out, {})
-            return classification_loss(logits, targets, mask), (logits, stats, new_model_state)
+            new_model_state = dict(new_model_state)
+            intermediates = new_model_state.pop(INTERMEDIATES, {})
+            task_loss = loss_of(outputs, targets, mask)
+            if samples:
+                term = masked_mean(sown(intermediates, "jacobian_term"), mask)
+                loss = task_loss + weight * term
+            else:
+                term, loss = jnp.full((), jnp.nan, task_loss.dtype), task_loss
+            return loss, (task_loss, term, outputs, stats, new_model_state)
 
-        (loss, (logits, stats, new_model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params
-        )
-        metrics = {"loss": loss}
-        task_metrics = _task_metrics(metrics_fn, logits, targets, mask)
-        metrics["accuracy"] = next(iter(task_metrics.values()))
+        def gradients(samples: int):
+            grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+            return grad_fn(state.params, stats_probe(), samples)
+
+        applied = jnp.asarray(reg.enabled, jnp.float32)
+        if not reg.enabled:
+            result = gradients(0)
+        elif reg.jacobian_freq >= 1.0:
+            result = gradients(reg.jacobian_samples)
+        else:
+            draw = reg.draw(k_draw)
+            applied = draw.astype(jnp.float32)
+            result = jax.lax.cond(
+                draw, lambda: gradients(reg.jacobian_samples), lambda: gradients(0)
+            )
+        (loss, (task_loss, term, outputs, stats, new_model_state)), (grads, probe_grad) = result
+        metrics = {"loss": loss, "task_loss": task_loss}
+        task_metrics = _task_metrics(metrics_fn, outputs, targets, mask)
+        if not regression:
+            metrics["accuracy"] = next(iter(task_metrics.values()))
         metrics.update(task_metrics)
         metrics.update(solver_metrics(stats, mask))
+        for name, value in read_stats_probe(probe_grad).items():
+            metrics[f"bwd_{name}"] = value
+        if reg.enabled:
+            metrics["jacobian_weight"] = weight
+            metrics["jacobian_applied"] = applied
+            metrics["jacobian_term"] = term
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        state = state.apply_gradients(grads=grads, model_state=dict(new_model_state))
+        state = state.apply_gradients(grads=grads, model_state=new_model_state)
         return state, metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
@@ -123,8 +228,44 @@ def make_train_step(
     )
 
 
+def make_spectral_step(
+    model: Any, mesh: Mesh, iters: int
+) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
+    """Builds ``spectral_step(state, batch) -> {"spectral_radius"}``, jitted over ``mesh``.
+
+    Solves in training mode (the train budget and randomness of this step) and averages
+    the power-method estimate of ``rho(J_f(z*))`` (``iters`` iterations) over the real
+    examples: the stability diagnostic of Bai et al., logged over training.
+
+    References:
+      Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
+      Regularization", ICML 2021.
+    """
+
+    def spectral_step(state: TrainState, batch: dict[str, jax.Array]):
+        rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: _step_key(state)}
+        _, new_state = model.apply(
+            state.variables(),
+            batch["inputs"],
+            train=True,
+            rngs=rngs,
+            mutable=[INTERMEDIATES],
+            spectral_iters=iters,
+        )
+        rho = sown(new_state[INTERMEDIATES], "spectral_radius")  # [B]
+        return {"spectral_radius": masked_mean(rho, batch["mask"])}
+
+    repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    return jax.jit(spectral_step, in_shardings=(repl, data), out_shardings=repl)
+
+
 def make_eval_step(
-    model: Any, metrics_fn: TaskMetrics, mesh: Mesh, max_iter: int | None = None
+    model: Any,
+    metrics_fn: TaskMetrics,
+    mesh: Mesh,
+    max_iter: int | None = None,
+    *,
+    regression: bool = False,
 ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
     """Builds ``eval_step(state, batch) -> metrics`` at the solver budget ``max_iter``.
 
@@ -133,23 +274,25 @@ def make_eval_step(
       metrics_fn: the task's metrics.
       mesh: the data-parallel mesh.
       max_iter: the solver budget; ``None`` keeps the model's eval budget.
+      regression: mean squared error instead of cross-entropy as ``loss``.
 
     Returns:
       The jitted step. ``metrics`` holds ``loss``, the task's metrics, the solver
       metrics and ``count`` (real examples in the batch), for `combine`.
     """
+    loss_of = regression_loss if regression else classification_loss
 
     def eval_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
-        logits, stats = model.apply(
+        outputs, stats = model.apply(
             state.variables(),
             inputs,
             train=False,
             max_iter=max_iter,
             rngs=state.step_rngs(*RNG_STREAMS),
         )
-        metrics = {"loss": classification_loss(logits, targets, mask)}
-        metrics.update(_task_metrics(metrics_fn, logits, targets, mask))
+        metrics = {"loss": loss_of(outputs, targets, mask)}
+        metrics.update(_task_metrics(metrics_fn, outputs, targets, mask))
         metrics.update(solver_metrics(stats, mask))
         metrics["count"] = jnp.sum(mask.astype(jnp.int32))
         return metrics

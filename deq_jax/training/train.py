@@ -4,11 +4,18 @@ One call builds everything from the config (`deq_jax.training.build`), restores 
 latest checkpoint of the workdir if there is one, trains to ``config.train.steps``
 with the data iterator resumed at the restored step, logs and evaluates periodically,
 saves checkpoints, and ends with the per-length accuracy report at several multiples
-of the train budget (printed and written to ``length_generalization.json``).
+of the train budget (printed and written to ``length_generalization.json``). A task
+without ``num_classes`` is trained as a regression (mean squared error), and the
+``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
+(`deq_jax.training.regularizer`).
 
 Files in the workdir: ``checkpoints/`` (orbax), ``metrics.jsonl``, ``tensorboard/``,
 ``length_generalization.json``, ``config.json`` and ``data/`` (generated data, unless
 ``task.data_dir`` is set).
+
+References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ import jax
 import numpy as np
 
 from deq_jax.training import evaluate
+from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import setup
 from deq_jax.training.state import TrainState
-from deq_jax.training.steps import make_train_step
+from deq_jax.training.steps import is_regression, make_spectral_step, make_train_step
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 
@@ -50,11 +58,21 @@ class RunResult(NamedTuple):
     report: dict[str, dict[str, dict]]
 
 
+# Train metrics present on some steps only (NaN or absent elsewhere): averaged over the
+# steps that have them, and left out of an interval that has none.
+SPARSE_METRICS = ("jacobian_term", "spectral_radius")
+
+
 def _mean_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
     """Averages per-step train metrics over a logging interval (``*_max`` by max)."""
     out = {}
-    for key in history[0]:
-        values = [float(m[key]) for m in history]
+    keys = list(dict.fromkeys(k for m in history for k in m))
+    for key in keys:
+        values = [float(m[key]) for m in history if key in m]
+        if key in SPARSE_METRICS:
+            values = [v for v in values if math.isfinite(v)]
+            if not values:
+                continue
         out[key] = max(values) if key.endswith("_max") else float(np.mean(values))
     return out
 
@@ -84,7 +102,7 @@ def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
         for split, metrics in by_split.items():
             writer.write(step, f"{split}_{budget}", metrics)
     first = next(iter(next(iter(report.values())).values()))
-    keys = [k for k in first if k.endswith("accuracy")] + ["nstep_mean"]
+    keys = [k for k in first if k.endswith("accuracy") or k == "mse"] + ["nstep_mean"]
     emit(
         "Per-length accuracy (budget = multiple of the train solver budget):\n"
         + evaluate.format_report(report, keys)
@@ -115,6 +133,7 @@ def train_and_evaluate(
         message names the step, and the checkpoints written before it are kept.
     """
     tc = config.train
+    regularizer = JacobianRegularizer.from_config(config.get("regularizer", {}))
     run = setup(config, workdir)
     mesh, task, model, state, start = run.mesh, run.task, run.model, run.state, run.start_step
     ckpt = run.checkpointer
@@ -128,7 +147,17 @@ def train_and_evaluate(
         f"workdir {workdir}"
     )
 
-    train_step = make_train_step(model, task.metrics, run.schedule, mesh)
+    regression = is_regression(task)
+    train_step = make_train_step(
+        model,
+        task.metrics,
+        run.schedule,
+        mesh,
+        regression=regression,
+        regularizer=regularizer,
+    )
+    spectral_every = regularizer.spectral_every
+    spectral_step = make_spectral_step(model, mesh, regularizer.spectral_iters)
     evaluator = evaluate.Evaluator(
         model, task, mesh, config.eval.batch_size, max_batches=config.eval.max_batches
     )
@@ -162,8 +191,13 @@ def train_and_evaluate(
     eval_metrics: dict[str, dict] = {}
     try:
         for step in range(start + 1, stop + 1):
-            state, metrics = train_step(state, evaluate.device_batch(next(batches), mesh))
-            metrics = jax.device_get(metrics)
+            batch = evaluate.device_batch(next(batches), mesh)
+            if spectral_every and (step - 1) % spectral_every == 0:
+                spectral = jax.device_get(spectral_step(state, batch))
+            else:
+                spectral = {}
+            state, metrics = train_step(state, batch)
+            metrics = {**jax.device_get(metrics), **spectral}
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 last = ckpt.latest_step()

@@ -95,7 +95,7 @@ def _duration(seconds: float) -> str:
 
 
 class ProgressLogger:
-    """Formats a progress line: step, steps/s, ETA, loss, accuracy and solver steps.
+    """Formats a progress line: step, steps/s, ETA, loss, accuracy (or mse) and solver steps.
 
     Args:
       total_steps: the step the run ends at (for the ETA).
@@ -127,9 +127,11 @@ class ProgressLogger:
         rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
         eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
         m = to_python(metrics)
+        score = "mse" if "mse" in m and "accuracy" not in m else "accuracy"
+        value = m.get(score, float("nan"))
         text = (
             f"step {step}/{self.total_steps}  {rate:.2f} steps/s  ETA {_duration(eta)}  "
-            f"loss {m.get('loss', float('nan')):.4f}  acc {m.get('accuracy', float('nan')):.4f}  "
+            f"loss {m.get('loss', float('nan')):.4f}  {score[:3]} {value:.4f}  "
             f"solver steps {m.get('nstep_mean', float('nan')):.1f} "
             f"(max {m.get('nstep_max', float('nan')):.0f})"
         )

@@ -1,0 +1,100 @@
+"""The Jacobian regulariser as a training option: weight schedule, frequency, probes.
+
+`JacobianRegularizer` is built from ``config.regularizer`` (see ``configs/default.py``)
+and read by the train step: at step ``t`` it adds ``gamma_t * mean_b term_b`` to the
+loss, where ``term_b`` is the Hutchinson estimate of ``||J_f(z*_b)||_F^2 / d`` that the
+`deq_jax.nn.DEQ` sows with ``jacobian_samples`` probes, ``gamma_t`` ramps linearly from
+``jacobian_weight_start`` to ``jacobian_weight`` over ``jacobian_weight_steps`` steps,
+and the term is computed only on steps where a Bernoulli(``jacobian_freq``) draw says so
+(the paper's way of paying for it on a fraction of the steps). The spectral radius of
+``J_f(z*)`` is a diagnostic logged every ``spectral_every`` steps.
+
+References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021 (Section 4: the weight ``gamma``, the frequency ``p`` and the ``M``
+  Hutchinson probes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class JacobianRegularizer:
+    """What the train step needs to know about the Jacobian regulariser.
+
+    Attributes:
+      jacobian_weight: ``gamma`` after the ramp (0 and a zero start: off).
+      jacobian_weight_start: ``gamma`` at step 0.
+      jacobian_weight_steps: steps of the linear ramp from the start weight to
+        ``jacobian_weight``; 0 means ``jacobian_weight`` from the first step.
+      jacobian_freq: ``p``, the probability that a step computes the term.
+      jacobian_samples: ``M``, Hutchinson probes per example.
+      spectral_every: log the power-method spectral radius every this many steps
+        (0: never).
+      spectral_iters: power-method iterations of that estimate.
+    """
+
+    jacobian_weight: float = 0.0
+    jacobian_weight_start: float = 0.0
+    jacobian_weight_steps: int = 0
+    jacobian_freq: float = 1.0
+    jacobian_samples: int = 1
+    spectral_every: int = 0
+    spectral_iters: int = 20
+
+    def __post_init__(self):
+        if self.jacobian_weight < 0 or self.jacobian_weight_start < 0:
+            raise ValueError(
+                "regularizer.jacobian_weight and jacobian_weight_start must be >= 0, got "
+                f"{self.jacobian_weight} and {self.jacobian_weight_start}."
+            )
+        if not 0.0 <= self.jacobian_freq <= 1.0:
+            raise ValueError(
+                f"regularizer.jacobian_freq must lie in [0, 1], got {self.jacobian_freq}."
+            )
+        for name in ("jacobian_samples", "spectral_iters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"regularizer.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("jacobian_weight_steps", "spectral_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"regularizer.{name} must be >= 0, got {getattr(self, name)}.")
+
+    @classmethod
+    def from_config(cls, section: Any) -> JacobianRegularizer:
+        """Builds it from the ``config.regularizer`` section (a dict or ConfigDict).
+
+        Raises:
+          ValueError: for an unknown key, listing the valid ones, or a bad value.
+        """
+        fields = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+        valid = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(fields) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"Unknown regularizer key(s) {', '.join(unknown)}. Valid keys: {', '.join(valid)}."
+            )
+        return cls(**fields)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the term is ever added to the loss."""
+        weighted = self.jacobian_weight > 0 or self.jacobian_weight_start > 0
+        return weighted and self.jacobian_freq > 0
+
+    def weight(self, step: jax.Array) -> jax.Array:
+        """``gamma_t``: the linear ramp from the start weight to ``jacobian_weight``."""
+        end = jnp.asarray(self.jacobian_weight, jnp.float32)
+        if self.jacobian_weight_steps == 0:
+            return end
+        frac = jnp.clip(jnp.asarray(step, jnp.float32) / self.jacobian_weight_steps, 0.0, 1.0)
+        return self.jacobian_weight_start + (end - self.jacobian_weight_start) * frac
+
+    def draw(self, key: jax.Array) -> jax.Array:
+        """The Bernoulli(``jacobian_freq``) draw of one step: compute the term or not."""
+        return jax.random.bernoulli(key, self.jacobian_freq)

@@ -1,0 +1,303 @@
+"""The Jacobian-regularisation report: synthetic 1-D and digits runs over gamma.
+
+Trains (or, when a run's workdir already holds its final checkpoint, loads) one run per
+Jacobian weight ``gamma`` and writes ``{workdir}/jacobian_report.json`` and PNG figures:
+
+* ``synthetic_1d``: validation MSE, mean Anderson steps to relative residual 1e-3 and
+  the spectral radius for each gamma; the learned map as ``f(z; x) - z`` over a z-grid
+  for a few ``x`` (``synthetic_surface.png``) and the mean relative residual per
+  iteration over the validation set (``synthetic_convergence.png``), as in Figure 5 of
+  Bai et al.
+* ``digits``: test accuracy at inference budgets of 1..8 function evaluations and the
+  steps to relative residual 1e-3 for each gamma (``digits_budget.png``), as in their
+  Table 3, with the "best" regularised gamma (fewest steps within one point of the
+  unregularised accuracy, else the most accurate).
+* the spectral radius of ``J_f(z*)`` over training for both (``spectral_radius.png``)
+  and the cost of the regulariser: the median train-step time with ``p = 1`` over the
+  median without it (``step_time``), at the parameters of the least and the most
+  regularised run of each task (the solver's work, and so the cost, depends on them).
+
+Usage::
+
+    python -m launch.jacobian_report --workdir /tmp/jacobian_report \\
+        --gammas=0,1,2,4 --digits_gammas=0,1,2,5 --synthetic_steps=20000 --digits_steps=1000
+
+References:
+  Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+from launch import main as launch_main
+
+_GAMMAS = flags.DEFINE_list("gammas", ["0", "1", "2", "4"], "Jacobian weights, synthetic_1d.")
+_DIGITS_GAMMAS = flags.DEFINE_list(
+    "digits_gammas", ["0", "1", "2", "5"], "Jacobian weights, digits."
+)
+_SYN_STEPS = flags.DEFINE_integer("synthetic_steps", 20_000, "Train steps per synthetic run.")
+_DIGITS_STEPS = flags.DEFINE_integer("digits_steps", 1_000, "Train steps per digits run.")
+_DIGITS_FREQ = flags.DEFINE_float("digits_freq", 1.0, "Jacobian frequency p of digits runs.")
+_TIMING_STEPS = flags.DEFINE_integer("timing_steps", 20, "Timed train steps per variant.")
+_SMOKE = flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+
+REPORT_FILE = "jacobian_report.json"
+NFE_BUDGETS = tuple(range(1, 9))
+SURFACE_XS = (-2.0, -1.0, 0.0, 1.0, 2.0)
+
+
+def _quiet(line: str) -> None:
+    del line
+
+
+def trained_run(config: Any, workdir: str, emit: Callable[[str], None] = _quiet) -> Any:
+    """A finished run of ``config`` in ``workdir``: trained unless its checkpoint exists.
+
+    Returns:
+      The `deq_jax.training.Run` with the final state restored.
+    """
+    from deq_jax.training import setup, train_and_evaluate
+
+    run = setup(config, workdir)
+    run.checkpointer.close()
+    if run.start_step < config.train.steps:
+        train_and_evaluate(config, workdir, emit=emit)
+        run = setup(config, workdir)
+        run.checkpointer.close()
+    return run
+
+
+def spectral_history(workdir: str) -> list[tuple[int, float]]:
+    """``[(step, spectral radius)]`` of the train records of ``metrics.jsonl``."""
+    from deq_jax.training import read_metrics
+
+    return [
+        (r["step"], r["spectral_radius"])
+        for r in read_metrics(workdir)
+        if r["split"] == "train" and "spectral_radius" in r
+    ]
+
+
+def convergence_trace(run: Any, split: str, max_iter: int) -> np.ndarray:
+    """Mean relative residual after each of ``max_iter`` evaluations over ``split``.
+
+    The solver's tolerance is set to 1e-30, so every sample runs the whole budget.
+    """
+    model = run.model.clone(solver=run.model.solver.replace(tol=1e-30, stop_mode="rel"))
+    inputs = jnp.asarray(run.task.arrays(split)["inputs"])  # [N, 1]
+    apply = jax.jit(lambda v, x: model.apply(v, x, train=False, max_iter=max_iter)[1].trace)
+    return np.asarray(jnp.mean(apply(run.state.variables(), inputs), axis=0))  # [max_iter]
+
+
+def synthetic_surface(run: Any, z_grid: np.ndarray) -> dict[str, list[float]]:
+    """``f(z; x) - z`` of the learned cell over ``z_grid`` for each ``x`` in `SURFACE_XS`."""
+    from deq_jax.nn.models import ScalarReLUCell
+
+    cell = ScalarReLUCell(run.model.hidden)
+    variables = {"params": run.state.params["cell"]}
+    z = jnp.asarray(z_grid, jnp.float32)[:, None]  # [G, 1]
+    out = {}
+    for x in SURFACE_XS:
+        fz = cell.apply(variables, z, jnp.full_like(z, x))  # [G, 1]
+        out[f"{x:g}"] = np.asarray(fz - z)[:, 0].tolist()
+    return out
+
+
+def step_time(run: Any, config: Any, steps: int) -> dict[str, float]:
+    """Median train-step seconds with the regulariser at ``p = 1`` and without it.
+
+    Each variant is compiled and run twice before ``steps`` timed steps on one batch.
+    """
+    from deq_jax.training import JacobianRegularizer, make_train_step, sharding
+    from deq_jax.training.evaluate import device_batch
+    from deq_jax.training.steps import is_regression
+
+    batch = device_batch(next(run.task.train_iterator(config.train.batch_size, seed=0)), run.mesh)
+    section = config.regularizer.to_dict()
+    section.update(jacobian_freq=1.0, jacobian_weight=max(section["jacobian_weight"], 1.0))
+    variants = {"off": JacobianRegularizer(), "p1": JacobianRegularizer.from_config(section)}
+    medians = {}
+    for name, reg in variants.items():
+        step = make_train_step(
+            run.model,
+            run.task.metrics,
+            run.schedule,
+            run.mesh,
+            regression=is_regression(run.task),
+            regularizer=reg,
+        )
+        state = sharding.replicate(jax.device_get(run.state), run.mesh)
+        times = []
+        for i in range(steps + 2):
+            start = time.perf_counter()
+            state, metrics = step(state, batch)
+            jax.block_until_ready(metrics)
+            if i >= 2:
+                times.append(time.perf_counter() - start)
+        medians[f"{name}_seconds"] = float(np.median(times))
+    medians["ratio"] = medians["p1_seconds"] / medians["off_seconds"]
+    return medians
+
+
+def _eval_summary(run: Any, split: str) -> dict[str, float]:
+    from deq_jax.training import Evaluator
+
+    metrics = Evaluator(run.model, run.task, run.mesh, 500).evaluate(run.state, split)
+    keep = ("mse", "accuracy", "nstep_mean", "rel_residual", "converged")
+    return {k: v for k, v in metrics.items() if k in keep}
+
+
+def _with_gamma(config: Any, gamma: float) -> Any:
+    config = config.copy_and_resolve_references()
+    config.regularizer.jacobian_weight = float(gamma)
+    return config
+
+
+def synthetic_section(base: Any, root: str, gammas: Sequence[float], emit) -> dict[str, Any]:
+    """Trains/loads one synthetic run per gamma and measures it (see the module doc)."""
+    out: dict[str, Any] = {}
+    z_grid = np.linspace(-8.0, 8.0, 161)
+    for gamma in gammas:
+        workdir = os.path.join(root, f"synthetic_1d_gamma{gamma:g}")
+        run = trained_run(_with_gamma(base, gamma), workdir)
+        summary = _eval_summary(run, "validation")
+        rho = spectral_history(workdir)
+        out[f"{gamma:g}"] = {
+            **summary,
+            "spectral_radius_final": rho[-1][1] if rho else None,
+            "spectral_radius": rho,
+            "convergence": convergence_trace(run, "validation", 30).tolist(),
+            "surface": synthetic_surface(run, z_grid),
+        }
+        emit(
+            f"synthetic_1d gamma={gamma:g}: validation mse {summary['mse']:.5f}, Anderson "
+            f"steps to rel. residual 1e-3 {summary['nstep_mean']:.2f}, spectral radius "
+            f"{out[f'{gamma:g}']['spectral_radius_final']}"
+        )
+    out["z_grid"] = z_grid.tolist()
+    return out
+
+
+def digits_section(base: Any, root: str, gammas: Sequence[float], emit) -> dict[str, Any]:
+    """Trains/loads one digits run per gamma; accuracy at NFE 1..8 and steps to 1e-3."""
+    from deq_jax.training import Evaluator
+
+    out: dict[str, Any] = {}
+    for gamma in gammas:
+        workdir = os.path.join(root, f"digits_gamma{gamma:g}")
+        run = trained_run(_with_gamma(base, gamma), workdir)
+        evaluator = Evaluator(run.model, run.task, run.mesh, base.eval.batch_size)
+        budget = {k: evaluator.evaluate(run.state, "test", k)["accuracy"] for k in NFE_BUDGETS}
+        summary = _eval_summary(run, "test")
+        rho = spectral_history(workdir)
+        out[f"{gamma:g}"] = {
+            **summary,
+            "accuracy_at_nfe": {str(k): v for k, v in budget.items()},
+            "spectral_radius_final": rho[-1][1] if rho else None,
+            "spectral_radius": rho,
+        }
+        emit(
+            f"digits gamma={gamma:g}: test accuracy {summary['accuracy']:.4f}, Anderson steps "
+            f"to rel. residual 1e-3 {summary['nstep_mean']:.2f}, accuracy at NFE 1..8 "
+            + " ".join(f"{v:.3f}" for v in budget.values())
+            + f", spectral radius {out[f'{gamma:g}']['spectral_radius_final']}"
+        )
+    out["best_gamma"] = best_gamma(out, gammas)
+    return out
+
+
+def best_gamma(results: dict[str, Any], gammas: Sequence[float]) -> str | None:
+    """The regularised gamma with the fewest steps within 1 point of gamma = 0's
+    accuracy, else the most accurate one; ``None`` without a regularised run."""
+    others = [f"{g:g}" for g in gammas if g > 0]
+    if not others:
+        return None
+    base = results.get("0", {}).get("accuracy", 0.0)
+    close = [g for g in others if results[g]["accuracy"] >= base - 0.01]
+    if close:
+        return min(close, key=lambda g: results[g]["nstep_mean"])
+    return max(others, key=lambda g: results[g]["accuracy"])
+
+
+def run_report(
+    workdir: str,
+    *,
+    synthetic_config: Any,
+    digits_config: Any,
+    gammas: Sequence[float],
+    digits_gammas: Sequence[float],
+    timing_steps: int,
+    emit: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Runs every part of the report and writes the JSON and the PNGs into ``workdir``.
+
+    Returns:
+      The report (what ``jacobian_report.json`` holds).
+    """
+    from launch import jacobian_plots
+
+    os.makedirs(workdir, exist_ok=True)
+    report: dict[str, Any] = {
+        "synthetic_1d": synthetic_section(synthetic_config, workdir, gammas, emit),
+        "digits": digits_section(digits_config, workdir, digits_gammas, emit),
+    }
+    report["step_time"] = {}
+    for task, config, task_gammas in (
+        ("synthetic_1d", synthetic_config, gammas),
+        ("digits", digits_config, digits_gammas),
+    ):
+        for gamma in sorted({min(task_gammas), max(task_gammas)}):
+            name = f"{task}_gamma{gamma:g}"
+            timing_config = _with_gamma(config, gamma)
+            run = trained_run(timing_config, os.path.join(workdir, name))
+            t = report["step_time"][name] = step_time(run, timing_config, timing_steps)
+            emit(
+                f"{name} train step: {1e3 * t['off_seconds']:.2f} ms without the regulariser, "
+                f"{1e3 * t['p1_seconds']:.2f} ms with p=1 (ratio {t['ratio']:.2f})"
+            )
+    path = os.path.join(workdir, REPORT_FILE)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    emit(f"Wrote {path}")
+    for png in jacobian_plots.plot_all(report, workdir):
+        emit(f"Wrote {png}")
+    return report
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    from configs import digits, synthetic_1d
+
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    variant = "smoke" if _SMOKE.value else None
+    syn, dig = synthetic_1d.get_config(variant), digits.get_config(variant)
+    if not _SMOKE.value:
+        syn.train.steps, dig.train.steps = _SYN_STEPS.value, _DIGITS_STEPS.value
+    dig.regularizer.jacobian_freq = _DIGITS_FREQ.value
+    run_report(
+        launch_main._WORKDIR.value,
+        synthetic_config=syn,
+        digits_config=dig,
+        gammas=[float(g) for g in _GAMMAS.value],
+        digits_gammas=[float(g) for g in _DIGITS_GAMMAS.value],
+        timing_steps=_TIMING_STEPS.value,
+        emit=lambda line: print(line, flush=True),
+    )
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["workdir"])  # --workdir is launch.main's flag
+    app.run(main)

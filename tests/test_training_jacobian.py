@@ -1,0 +1,288 @@
+"""The Jacobian regulariser in training, regression support and the issue-4 models."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default, digits, synthetic_1d
+from deq_jax.nn import DEQ, MLPCell, models
+from deq_jax.training import (
+    JacobianRegularizer,
+    make_spectral_step,
+    make_train_step,
+    regression_loss,
+    setup,
+    sharding,
+    train_and_evaluate,
+    writers,
+)
+from deq_jax.training.evaluate import device_batch
+from deq_jax.training.steps import is_regression
+from launch import jacobian_plots, jacobian_report
+
+quiet = lambda line: None
+
+BACKWARD_KEYS = (
+    "bwd_nstep_mean",
+    "bwd_nstep_max",
+    "bwd_abs_residual_max",
+    "bwd_converged_fraction",
+)
+
+
+def test_unknown_regularizer_key_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"gama.*Valid keys: jacobian_weight, .*jacobian_freq"):
+        JacobianRegularizer.from_config({"gama": 1.0})
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("jacobian_weight", -1.0), ("jacobian_freq", 1.5), ("jacobian_samples", 0)],
+)
+def test_bad_regularizer_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        JacobianRegularizer(**{field: value})
+
+
+def test_default_config_has_the_regularizer_off():
+    reg = JacobianRegularizer.from_config(default.get_config().regularizer)
+    assert not reg.enabled
+    assert JacobianRegularizer(jacobian_weight=1.0).enabled
+    assert not JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.0).enabled
+
+
+def test_linear_weight_schedule():
+    reg = JacobianRegularizer(
+        jacobian_weight=4.0, jacobian_weight_start=1.0, jacobian_weight_steps=10
+    )
+    got = [float(reg.weight(jnp.asarray(t))) for t in (0, 5, 10, 20)]
+    np.testing.assert_allclose(got, [1.0, 2.5, 4.0, 4.0])
+    assert float(JacobianRegularizer(jacobian_weight=2.0).weight(jnp.asarray(0))) == 2.0
+
+
+def test_regression_loss_ignores_padding():
+    out = jnp.array([[1.0], [2.0], [100.0]])
+    target = jnp.array([[0.0], [0.0], [0.0]])
+    mask = jnp.array([True, True, False])
+    assert float(regression_loss(out, target, mask)) == pytest.approx(2.5)
+
+
+def test_deq_sows_the_jacobian_term_and_spectral_radius():
+    model = DEQ(MLPCell(features=6))
+    x = jax.random.normal(jax.random.key(0), (3, 6))
+    variables = model.init(jax.random.key(1), x, train=False)
+
+    def term(params):
+        _, sown = model.apply(
+            {"params": params},
+            x,
+            train=True,
+            jacobian_samples=2,
+            spectral_iters=5,
+            rngs={"jacobian": jax.random.key(2)},
+            mutable=["intermediates"],
+        )
+        return sown["intermediates"]
+
+    term = jax.jit(term)
+    sown = term(variables["params"])
+    assert sown["jacobian_term"][0].shape == (3,)
+    assert sown["spectral_radius"][0].shape == (3,)
+    assert np.all(np.asarray(sown["jacobian_term"][0]) > 0)
+    grads = jax.grad(lambda p: jnp.sum(term(p)["jacobian_term"][0]))(variables["params"])
+    assert float(jnp.abs(grads["cell"]["recurrent"]["kernel"]).sum()) > 0
+    with pytest.raises(ValueError, match="'jacobian' rng"):
+        model.apply(variables, x, train=True, jacobian_samples=1, mutable=["intermediates"])
+
+
+def test_synthetic_model_has_the_paper_parameter_count():
+    model = models.get("synthetic_1d_deq")
+    x = jnp.linspace(-2, 2, 5)[:, None]
+    variables = model.init(jax.random.key(0), x, train=False)
+    assert sum(v.size for v in jax.tree_util.tree_leaves(variables)) == 200
+    z, stats = model.apply(variables, x, train=False)
+    assert z.shape == (5, 1) and stats.nstep.shape == (5,)
+    with pytest.raises(ValueError, match=r"\[B, 1\]"):
+        model.apply(variables, jnp.ones((5, 2)), train=False)
+
+
+def test_digits_model_shapes():
+    model = models.get("digits_deq", width=8, train_max_iter=3)
+    x = jnp.ones((2, 8, 8, 1))
+    variables = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(x)
+    logits, stats = jax.jit(lambda v, x: model.apply(v, x, train=True))(variables, x)
+    assert logits.shape == (2, 10) and stats.nstep.shape == (2,)
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    """The smoke synthetic model's run components (no training)."""
+    config = synthetic_1d.get_config("smoke")
+    run = setup(config, str(tmp_path_factory.mktemp("syn")))
+    run.checkpointer.close()
+    batch = device_batch(next(run.task.train_iterator(config.train.batch_size)), run.mesh)
+    return run, batch
+
+
+def _step(run, batch, regularizer, backward=None):
+    model = run.model if backward is None else run.model.clone(backward=backward)
+    step = make_train_step(
+        model, run.task.metrics, run.schedule, run.mesh, regression=True, regularizer=regularizer
+    )
+    state = sharding.replicate(jax.device_get(run.state), run.mesh)
+    return step(state, batch)
+
+
+def test_regularizer_adds_gamma_times_the_term(synthetic_run):
+    run, batch = synthetic_run
+    assert is_regression(run.task)
+    _, off = _step(run, batch, JacobianRegularizer())
+    _, on = _step(run, batch, JacobianRegularizer(jacobian_weight=2.0, jacobian_samples=3))
+    assert "jacobian_term" not in off and "accuracy" not in off
+    assert float(on["jacobian_term"]) > 0 and float(on["jacobian_applied"]) == 1.0
+    np.testing.assert_allclose(on["task_loss"], off["loss"], rtol=1e-6)
+    np.testing.assert_allclose(
+        on["loss"], off["loss"] + 2.0 * on["jacobian_term"], rtol=1e-6, atol=1e-7
+    )
+    np.testing.assert_allclose(on["mse"], off["mse"], rtol=1e-6)
+    assert not np.allclose(on["grad_norm"], off["grad_norm"])
+
+
+def test_backward_stats_in_the_metrics(synthetic_run):
+    from deq_jax import backward
+
+    run, batch = synthetic_run
+    _, ift = _step(run, batch, JacobianRegularizer())
+    _, free = _step(run, batch, JacobianRegularizer(), backward=backward.jacobian_free())
+    for key in BACKWARD_KEYS:
+        assert key in ift and key in free
+    assert float(ift["bwd_nstep_mean"]) >= 1 and float(ift["bwd_converged_fraction"]) > 0
+    assert float(free["bwd_nstep_mean"]) == 0 and float(free["bwd_nstep_max"]) == 0
+
+
+def test_frequency_draws_the_term_on_some_steps(synthetic_run):
+    run, batch = synthetic_run
+    reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5)
+    step = make_train_step(
+        run.model, run.task.metrics, run.schedule, run.mesh, regression=True, regularizer=reg
+    )
+    state = sharding.replicate(jax.device_get(run.state), run.mesh)
+    applied = []
+    for _ in range(12):
+        state, m = step(state, batch)
+        applied.append(float(m["jacobian_applied"]))
+        if applied[-1]:
+            assert np.isfinite(m["jacobian_term"]) and m["loss"] > m["task_loss"]
+        else:
+            assert np.isnan(m["jacobian_term"]) and m["loss"] == m["task_loss"]
+    assert 0 < sum(applied) < 12
+
+
+def test_spectral_step(synthetic_run):
+    run, batch = synthetic_run
+    rho = make_spectral_step(run.model, run.mesh, 4)(run.state, batch)["spectral_radius"]
+    assert np.isfinite(rho) and rho >= 0
+
+
+def test_synthetic_smoke_end_to_end(tmp_path):
+    config = synthetic_1d.get_config("smoke")
+    lines = []
+    result = train_and_evaluate(config, str(tmp_path), emit=lines.append)
+    assert result.step == config.train.steps
+    records = writers.read_metrics(str(tmp_path))
+    train = [r for r in records if r["split"] == "train"]
+    for key in ("mse", "task_loss", "jacobian_term", "spectral_radius", *BACKWARD_KEYS):
+        assert any(key in r and np.isfinite(r[key]) for r in train), key
+    assert np.isfinite(result.eval_metrics["validation"]["mse"])
+    assert any(" mse " in line for line in lines if line.startswith("step "))
+
+
+@pytest.mark.slow
+def test_digits_smoke_end_to_end(tmp_path):
+    config = digits.get_config("smoke")
+    result = train_and_evaluate(config, str(tmp_path), emit=quiet)
+    train = [r for r in writers.read_metrics(str(tmp_path)) if r["split"] == "train"]
+    for key in ("accuracy", "jacobian_term", "spectral_radius", *BACKWARD_KEYS):
+        assert np.isfinite(train[-1][key]), key
+    assert 0 <= result.eval_metrics["test"]["accuracy"] <= 1
+
+
+def test_digits_smoke_train_steps(tmp_path):
+    """The fast version of the digits end-to-end run: two regularised train steps."""
+    config = digits.get_config("smoke")
+    run = setup(config, str(tmp_path))
+    run.checkpointer.close()
+    reg = JacobianRegularizer.from_config(config.regularizer)
+    step = make_train_step(run.model, run.task.metrics, run.schedule, run.mesh, regularizer=reg)
+    it = run.task.train_iterator(config.train.batch_size)
+    state = run.state
+    for _ in range(2):
+        state, m = step(state, device_batch(next(it), run.mesh))
+    assert np.isfinite(m["jacobian_term"]) and 0 <= m["accuracy"] <= 1
+    for key in BACKWARD_KEYS:
+        assert np.isfinite(m[key])
+
+
+@pytest.mark.parametrize("module", [synthetic_1d, digits])
+def test_configs_document_their_commands(module):
+    name = module.__name__.split(".")[-1]
+    assert f"python -m launch.main --config configs/{name}.py --workdir" in module.__doc__
+    assert f"--config configs/{name}.py:smoke" in module.__doc__
+    smoke, full = module.get_config("smoke"), module.get_config()
+    assert smoke.train.steps < full.train.steps
+    assert not JacobianRegularizer.from_config(full.regularizer).enabled
+    with pytest.raises(ValueError, match="smoke"):
+        module.get_config("huge")
+
+
+def test_report_synthetic_core_and_plots(tmp_path):
+    config = synthetic_1d.get_config("smoke")
+    section = jacobian_report.synthetic_section(config, str(tmp_path), [1.0], quiet)
+    for gamma in ("1",):
+        got = section[gamma]
+        assert np.isfinite(got["mse"]) and got["nstep_mean"] >= 1
+        assert len(got["convergence"]) == 30 and got["spectral_radius"]
+        assert len(got["surface"]["0"]) == len(section["z_grid"])
+    # A second call loads the finished runs instead of training again.
+    metrics = os.path.join(tmp_path, "synthetic_1d_gamma1", "metrics.jsonl")
+    mtime = os.path.getmtime(metrics)
+    jacobian_report.synthetic_section(config, str(tmp_path), [1.0], quiet)
+    assert os.path.getmtime(metrics) == mtime
+    png = jacobian_plots.plot_convergence({"synthetic_1d": section}, str(tmp_path / "c.png"))
+    assert os.path.getsize(png) > 0
+    png = jacobian_plots.plot_surface({"synthetic_1d": section}, str(tmp_path / "s.png"))
+    assert os.path.getsize(png) > 0
+
+
+def test_best_gamma():
+    results = {
+        "0": {"accuracy": 0.95, "nstep_mean": 20.0},
+        "1": {"accuracy": 0.945, "nstep_mean": 8.0},
+        "2": {"accuracy": 0.90, "nstep_mean": 4.0},
+    }
+    assert jacobian_report.best_gamma(results, [0.0, 1.0, 2.0]) == "1"
+    results["1"]["accuracy"] = 0.5
+    assert jacobian_report.best_gamma(results, [0.0, 1.0, 2.0]) == "2"
+    assert jacobian_report.best_gamma(results, [0.0]) is None
+
+
+@pytest.mark.slow
+def test_full_report_on_smoke_settings(tmp_path):
+    report = jacobian_report.run_report(
+        str(tmp_path),
+        synthetic_config=synthetic_1d.get_config("smoke"),
+        digits_config=digits.get_config("smoke"),
+        gammas=[0.0, 1.0],
+        digits_gammas=[0.0, 1.0],
+        timing_steps=2,
+        emit=quiet,
+    )
+    assert report["step_time"]["digits_gamma1"]["ratio"] > 0
+    with open(tmp_path / jacobian_report.REPORT_FILE) as f:
+        assert set(json.load(f)) == {"synthetic_1d", "digits", "step_time"}
+    for name in ("synthetic_surface", "synthetic_convergence", "digits_budget", "spectral_radius"):
+        assert os.path.getsize(tmp_path / f"{name}.png") > 0
