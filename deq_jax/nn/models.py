@@ -272,25 +272,8 @@ class DigitsDEQ(nn.Module):
 
 
 _REGISTRY = Registry("model")
-_REGISTRY.register("prefix_sum_deq", PrefixSumDEQ)
-_REGISTRY.register("synthetic_1d_deq", Synthetic1DDEQ)
-_REGISTRY.register("digits_deq", DigitsDEQ)
-
-
-def register(name: str, ctor: Any, *, overwrite: bool = False) -> Any:
-    """Registers a model constructor (a linen module class) under ``name``."""
-    return _REGISTRY.register(name, ctor, overwrite=overwrite)
-
-
-def get(name: str, **kwargs: Any) -> nn.Module:
-    """Builds the model registered as ``name`` with attributes ``kwargs``.
-
-    Raises:
-      ValueError: for an unknown name or attribute, listing the valid ones.
-    """
-    return _REGISTRY.get(name, **kwargs)
-
-
-def names() -> list[str]:
-    """Registered model names."""
-    return _REGISTRY.names()
+# The registry's bound methods are this module's public registry functions.
+register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
+register("prefix_sum_deq", PrefixSumDEQ)
+register("synthetic_1d_deq", Synthetic1DDEQ)
+register("digits_deq", DigitsDEQ)
