@@ -41,6 +41,18 @@ Sections:
 from ml_collections import ConfigDict
 
 
+def variant(arg: str | None, valid: tuple[str, ...] = ("smoke",)) -> str:
+    """The variant a task config was asked for (``""`` is the full run).
+
+    Raises:
+      ValueError: for an argument that is not one of ``valid``, listing them.
+    """
+    arg = arg or ""
+    if arg and arg not in valid:
+        raise ValueError(f"Unknown config argument {arg!r}. Valid arguments: {', '.join(valid)}.")
+    return arg
+
+
 def get_config() -> ConfigDict:
     """The default configuration (see the module docstring)."""
     config = ConfigDict()

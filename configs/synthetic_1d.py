@@ -22,14 +22,10 @@ from ml_collections import ConfigDict
 
 from configs import default
 
-ARGS = ("", "smoke")
-
 
 def get_config(arg: str | None = None) -> ConfigDict:
     """The synthetic 1-D config; ``arg="smoke"`` gives the seconds-long test variant."""
-    arg = arg or ""
-    if arg not in ARGS:
-        raise ValueError(f"Unknown config argument {arg!r}. Valid arguments: smoke.")
+    arg = default.variant(arg)
     config = default.get_config()
     config.task = ConfigDict(
         dict(
