@@ -34,6 +34,13 @@ Sections:
     ``jacobian_freq`` (p) with ``jacobian_samples`` Hutchinson probes (M); the spectral
     radius of ``J_f(z*)`` is logged every ``spectral_every`` steps (0: never) with
     ``spectral_iters`` power iterations.
+  path_independence: training interventions of Anil et al. (2022), off by default
+    (`deq_jax.training.interventions.PathIndependence`): a randomised forward budget
+    drawn per step from ``budget_choices`` evenly spaced values in ``[budget_min,
+    budget_max]`` (``budget_max=0``: off) and the fixed-point alignment penalty with
+    weight ``alignment_weight``. Mixed initialisation is ``model.z_init="mixed"``;
+    unroll + backprop is ``solver.name="fixed_point_iteration"``, ``solver.tol=1e-30``,
+    ``backward.name="unrolled"``.
   ckpt: orbax checkpoints every ``every_steps`` and at the end, the last ``keep`` kept.
   log: progress line and metric interval (``every_steps``), TensorBoard on/off.
 """
@@ -150,6 +157,10 @@ def get_config() -> ConfigDict:
             spectral_every=0,
             spectral_iters=20,
         )
+    )
+
+    config.path_independence = ConfigDict(
+        dict(budget_min=1, budget_max=0, budget_choices=4, alignment_weight=0.0)
     )
 
     config.ckpt = ConfigDict(dict(every_steps=500, keep=2, async_save=False))

@@ -100,3 +100,16 @@ def unbatch_stats(x: jax.Array, layout: Layout) -> jax.Array:
 def flat_fn(f: Callable[..., Any], layout: Layout, *extra: Any) -> Callable[[jax.Array], Any]:
     """``z [B, D] -> f(unflatten(z), *extra)`` flattened again."""
     return lambda z: flatten(f(unflatten(z, layout), *extra), layout)
+
+
+def per_sample_cosine(a: Any, b: Any, eps: float = 1e-12) -> jax.Array:
+    """Cosine similarity of two batched pytrees, per sample (``[B]``).
+
+    Each sample's leaves are flattened and concatenated before the comparison.
+    """
+    flat = lambda t: jnp.concatenate(
+        [jnp.reshape(x, (x.shape[0], -1)) for x in jax.tree_util.tree_leaves(t)], axis=1
+    )
+    u, v = flat(a), flat(b)
+    dot = jnp.sum(u * v, axis=1)
+    return dot / (jnp.linalg.norm(u, axis=1) * jnp.linalg.norm(v, axis=1) + eps)

@@ -41,6 +41,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from launch import main as launch_main
+from launch.runs import trained_run
 
 _GAMMAS = flags.DEFINE_list("gammas", ["0", "1", "2", "4"], "Jacobian weights, synthetic_1d.")
 _DIGITS_GAMMAS = flags.DEFINE_list(
@@ -55,27 +56,6 @@ _SMOKE = flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke var
 REPORT_FILE = "jacobian_report.json"
 NFE_BUDGETS = tuple(range(1, 9))
 SURFACE_XS = (-2.0, -1.0, 0.0, 1.0, 2.0)
-
-
-def _quiet(line: str) -> None:
-    del line
-
-
-def trained_run(config: Any, workdir: str, emit: Callable[[str], None] = _quiet) -> Any:
-    """A finished run of ``config`` in ``workdir``: trained unless its checkpoint exists.
-
-    Returns:
-      The `deq_jax.training.Run` with the final state restored.
-    """
-    from deq_jax.training import setup, train_and_evaluate
-
-    run = setup(config, workdir)
-    run.checkpointer.close()
-    if run.start_step < config.train.steps:
-        train_and_evaluate(config, workdir, emit=emit)
-        run = setup(config, workdir)
-        run.checkpointer.close()
-    return run
 
 
 def spectral_history(workdir: str) -> list[tuple[int, float]]:

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from deq_jax._flat import per_sample_cosine
 from deq_jax.backward.phantom import jacobian_free
 from deq_jax.fixed_point import fixed_point
 from deq_jax.solvers.base import Solver
@@ -33,19 +34,6 @@ def derangement(key: jax.Array, n: int) -> jax.Array:
         raise ValueError(f"A derangement needs at least 2 elements, got {n}.")
     order = jax.random.permutation(key, n)
     return jnp.zeros((n,), jnp.int32).at[order].set(jnp.roll(order, -1).astype(jnp.int32))
-
-
-def per_sample_cosine(a: Any, b: Any, eps: float = 1e-12) -> jax.Array:
-    """Cosine similarity of two batched pytrees, per sample (``[B]``).
-
-    Each sample's leaves are flattened and concatenated before the comparison.
-    """
-    flat = lambda t: jnp.concatenate(
-        [jnp.reshape(x, (x.shape[0], -1)) for x in jax.tree_util.tree_leaves(t)], axis=1
-    )
-    u, v = flat(a), flat(b)
-    dot = jnp.sum(u * v, axis=1)
-    return dot / (jnp.linalg.norm(u, axis=1) * jnp.linalg.norm(v, axis=1) + eps)
 
 
 def aa_score(

@@ -9,7 +9,7 @@ References:
 """
 
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
-from deq_jax.nn.deq import DEQ, Z_INITS, initial_state, state_like
+from deq_jax.nn.deq import DEQ, Z_INITS, EquilibriumProblem, initial_state, solve_cell, state_like
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
 
@@ -18,12 +18,14 @@ __all__ = [
     "Z_INITS",
     "Conv1DCell",
     "Conv2DCell",
+    "EquilibriumProblem",
     "MLPCell",
     "SpectralNorm",
     "VariationalDropout",
     "WeightNormConv",
     "WeightNormDense",
     "initial_state",
+    "solve_cell",
     "state_like",
     "weight_norm_kernel",
 ]

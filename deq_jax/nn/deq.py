@@ -13,7 +13,8 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -92,6 +93,22 @@ def initial_state(spec: Any, z_init: str, key: jax.Array | None) -> Any:
         keep = _mixed_mask(k_mask, batch)  # [B]
         noise = [jnp.where(keep.reshape((batch,) + (1,) * (z.ndim - 1)), z, 0) for z in noise]
     return jax.tree_util.tree_unflatten(treedef, noise)
+
+
+class EquilibriumProblem(NamedTuple):
+    """A DEQ's forward problem as pure pieces (see `DEQ.problem`).
+
+    Attributes:
+      f: the cell as a pure function, ``f(z, args) -> z``, batched along axis 0.
+      z0: the initial state.
+      args: ``f``'s arguments: the cell's variables, the injected input, the dropout key.
+      solver: the forward solver with the call's budget.
+    """
+
+    f: Callable[[Any, Any], Any]
+    z0: Any
+    args: Any
+    solver: Solver
 
 
 def _check_cell_output(f, z0: Any, args: Any) -> None:
@@ -201,6 +218,7 @@ class DEQ(nn.Module):
         stats_probe: jax.Array | None = None,
         jacobian_samples: int = 0,
         spectral_iters: int = 0,
+        alignment: bool = False,
     ) -> tuple[Any, SolverStats]:
         """Solves ``z = cell(z, x)``.
 
@@ -221,6 +239,11 @@ class DEQ(nn.Module):
           spectral_iters: if ``> 0``, sows the power-method estimate of ``rho(J_f(z*))``
             with this many iterations as ``"spectral_radius"`` ``[B]`` (a diagnostic, at
             the detached ``z*``). Draws from the ``"jacobian"`` rng stream.
+          alignment: if true, solves again from a fresh standard Gaussian start (drawn
+            from the ``"z0"`` stream, with the same solver and backward mode) and sows
+            ``1 - cos(z*, z*')`` per sample as ``"alignment_term"`` ``[B]``,
+            differentiable through both solves: the fixed-point alignment penalty of
+            Anil et al. (2022), see `deq_jax.training.interventions`.
 
         Returns:
           ``(z_star, stats)``: the fixed point (like the state, differentiable w.r.t. the
@@ -236,7 +259,27 @@ class DEQ(nn.Module):
           Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
           Regularization", ICML 2021 (the Jacobian term and the spectral radius).
         """
-        solver = self.solver_for(train, max_iter)
+        z0 = self.initial_state(x, z0)
+        if self.is_initializing() or (train and self.is_mutable_collection("batch_stats")):
+            self.cell(z0, x)  # creates the variables / updates stats once per forward
+        problem = self.problem(x, z0, train=train, max_iter=max_iter)
+        f, args, solver = problem.f, problem.args, problem.solver
+        sol = fixed_point(
+            f, problem.z0, args, solver=solver, backward=self.backward, stats_probe=stats_probe
+        )
+        if jacobian_samples > 0 or spectral_iters > 0:
+            self._sow_jacobian(f, sol.value, args, jacobian_samples, spectral_iters)
+        if alignment:
+            self._sow_alignment(f, sol.value, args, solver)
+        return sol.value, sol.stats
+
+    def initial_state(self, x: Any, z0: Any) -> Any:
+        """``z0`` checked against the cell's ``state_spec(x)``, or built from ``z_init``.
+
+        Raises:
+          ValueError: if ``z0`` does not match the spec, or ``z_init`` needs a ``"z0"``
+            rng that was not supplied.
+        """
         if z0 is None:
             key = None
             if self.z_init != "zeros":
@@ -246,16 +289,30 @@ class DEQ(nn.Module):
                         "stream: pass rngs={'z0': key} to apply, or give z0 explicitly."
                     )
                 key = self.make_rng("z0")
-            z0 = initial_state(self.state_spec(x), self.z_init, key)
-        elif callable(getattr(self.cell, "state_spec", None)):
+            return initial_state(self.state_spec(x), self.z_init, key)
+        if callable(getattr(self.cell, "state_spec", None)):
             spec = self.cell.state_spec(x)
             if not _flat.same_specs(z0, spec):
                 raise ValueError(
                     f"z0 must match the cell's state_spec(x), {_flat.describe(spec)}; "
                     f"got {_flat.describe(z0)}."
                 )
-        if self.is_initializing() or (train and self.is_mutable_collection("batch_stats")):
-            self.cell(z0, x)  # creates the variables / updates stats once per forward
+        return z0
+
+    def problem(
+        self, x: Any, z0: Any = None, *, train: bool, max_iter: int | None = None
+    ) -> EquilibriumProblem:
+        """The fixed-point problem a call with these arguments solves, as pure pieces.
+
+        Returns:
+          An `EquilibriumProblem` ``(f, z0, args, solver)``: ``f(z, args) -> z`` is a
+          pure function (the cell applied to its variables, ``args = (cell variables,
+          x, dropout key)``), so ``deq_jax.fixed_point(f, z0, args, solver=solver)``
+          reproduces the forward solve, and the analysis tools (`deq_jax.analysis`)
+          can re-solve it from other starts. No variable is created or updated.
+        """
+        solver = self.solver_for(train, max_iter)
+        z0 = self.initial_state(x, z0)
         module, variables = self.cell.unbind()
         dropout_key = self.make_rng("dropout") if train and self.has_rng("dropout") else None
 
@@ -266,12 +323,19 @@ class DEQ(nn.Module):
 
         args = (variables, x, dropout_key)
         _check_cell_output(f, z0, args)
-        sol = fixed_point(
-            f, z0, args, solver=solver, backward=self.backward, stats_probe=stats_probe
-        )
-        if jacobian_samples > 0 or spectral_iters > 0:
-            self._sow_jacobian(f, sol.value, args, jacobian_samples, spectral_iters)
-        return sol.value, sol.stats
+        return EquilibriumProblem(f, z0, args, solver)
+
+    def _sow_alignment(self, f, z_star, args, solver: Solver) -> None:
+        """Sows ``1 - cos`` between ``z*`` and the fixed point from a Gaussian start."""
+        if not (self.has_rng("z0") or self.has_rng("params")):
+            raise ValueError(
+                "The alignment penalty draws its second start from the 'z0' rng stream: "
+                "pass rngs={'z0': key} to apply."
+            )
+        spec = jax.tree_util.tree_map(lambda z: jax.ShapeDtypeStruct(z.shape, z.dtype), z_star)
+        start = initial_state(spec, "normal", self.make_rng("z0"))
+        other = fixed_point(f, start, args, solver=solver, backward=self.backward).value
+        self.sow("intermediates", "alignment_term", 1.0 - _flat.per_sample_cosine(z_star, other))
 
     def _sow_jacobian(self, f, z_star, args, jacobian_samples: int, spectral_iters: int) -> None:
         """Sows the Jacobian term and the spectral radius at the detached ``z*``."""
@@ -288,3 +352,31 @@ class DEQ(nn.Module):
         if spectral_iters > 0:
             rho = spectral_radius(f, z_star, args, k_rho, spectral_iters)  # [B]
             self.sow("intermediates", "spectral_radius", jax.lax.stop_gradient(rho))
+
+
+def solve_cell(
+    owner: nn.Module,
+    cell: nn.Module,
+    x: Any,
+    train: bool,
+    max_iter: int | None,
+    deq_options: dict[str, Any],
+) -> tuple[Any, SolverStats]:
+    """Solves ``cell`` with a `DEQ` named ``"deq"`` configured from ``owner``'s fields.
+
+    The shared step of the task models (`deq_jax.nn.models`): ``owner`` carries
+    ``solver``, ``backward``, ``z_init``, ``train_max_iter`` and ``eval_max_iter``;
+    ``deq_options`` (``z0``, ``stats_probe``, ``jacobian_samples``, ``spectral_iters``,
+    ``alignment``) go to the `DEQ` call unchanged. Call it from ``owner``'s compact
+    method.
+    """
+    deq = DEQ(
+        cell,
+        solver=owner.solver,
+        backward=owner.backward,
+        z_init=owner.z_init,
+        train_max_iter=owner.train_max_iter,
+        eval_max_iter=owner.eval_max_iter,
+        name="deq",
+    )
+    return deq(x, train=train, max_iter=max_iter, **deq_options)

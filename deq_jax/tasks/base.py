@@ -29,6 +29,9 @@ class Task(abc.ABC):
 
     name: str
     train_split: str = TRAIN
+    # Batch keys besides inputs/targets/mask that the train and eval steps hand to the
+    # model and to ``metrics`` as keywords (e.g. ``("adjacency",)`` for graphs).
+    batch_extras: tuple[str, ...] = ()
 
     @property
     @abc.abstractmethod

@@ -17,6 +17,7 @@ References:
 from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
 from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
+from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import Run, setup
@@ -36,6 +37,7 @@ __all__ = [
     "Checkpointer",
     "Evaluator",
     "JacobianRegularizer",
+    "PathIndependence",
     "MetricWriter",
     "NonFiniteLossError",
     "ProgressLogger",

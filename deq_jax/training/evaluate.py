@@ -64,6 +64,7 @@ class Evaluator:
                 self.mesh,
                 max_iter,
                 regression=steps.is_regression(self.task),
+                extras=tuple(getattr(self.task, "batch_extras", ())),
             )
         return self._steps[max_iter]
 

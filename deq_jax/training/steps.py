@@ -35,6 +35,7 @@ from jax.sharding import Mesh
 from deq_jax.backward.probe import read_stats_probe, stats_probe
 from deq_jax.solvers.base import SolverStats
 from deq_jax.training import sharding
+from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
 
@@ -112,8 +113,8 @@ def sown(intermediates: Mapping[str, Any], name: str) -> jax.Array:
     return sum(values[1:], values[0])
 
 
-def _task_metrics(metrics_fn: TaskMetrics, outputs, targets, mask) -> dict[str, jax.Array]:
-    out = dict(metrics_fn(outputs, targets, mask))
+def _task_metrics(metrics_fn: TaskMetrics, outputs, targets, mask, extra) -> dict[str, jax.Array]:
+    out = dict(metrics_fn(outputs, targets, mask, **extra))
     out.pop("count", None)
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
@@ -131,18 +132,24 @@ def make_train_step(
     *,
     regression: bool = False,
     regularizer: JacobianRegularizer | None = None,
+    interventions: PathIndependence | None = None,
+    extras: tuple[str, ...] = (),
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds ``train_step(state, batch) -> (state, metrics)``, jitted over ``mesh``.
 
     Args:
       model: the linen model (see the module docstring).
-      metrics_fn: the task's metrics, ``(outputs, targets, mask) -> dict``.
+      metrics_fn: the task's metrics, ``(outputs, targets, mask, **extras) -> dict``.
       schedule: the learning-rate schedule, reported as ``learning_rate``.
       mesh: the data-parallel mesh.
       regression: mean squared error instead of cross-entropy (no ``accuracy``).
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
         either the regularised or the plain gradient, so skipped steps cost nothing.
+      interventions: the path-independence interventions (randomised forward budget,
+        alignment penalty); ``None`` means none.
+      extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
+        task's ``batch_extras``, e.g. a graph's adjacency).
 
     Returns:
       The jitted step. ``metrics`` holds ``loss`` (the optimised loss), ``task_loss``,
@@ -150,62 +157,83 @@ def make_train_step(
       forward solver's ``nstep_mean``, ``nstep_max``, residuals and convergence rate,
       the backward solve's ``bwd_nstep_mean``, ``bwd_nstep_max``,
       ``bwd_abs_residual_max``, ``bwd_converged_fraction`` (zero for modes without a
-      backward solve), ``grad_norm``, ``param_norm``, ``learning_rate`` and, with the
+      backward solve), ``grad_norm``, ``param_norm``, ``learning_rate``; with the
       regulariser on, ``jacobian_weight``, ``jacobian_applied`` and ``jacobian_term``
-      (NaN on steps that skip it). All scalars. The state is donated.
+      (NaN on steps that skip it); with a randomised budget ``train_budget``; with the
+      alignment penalty ``alignment_term``. All scalars. The state is donated.
 
     References:
       Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
       Regularization", ICML 2021.
+      Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+      Computation", NeurIPS 2022.
     """
     reg = regularizer or JacobianRegularizer()
+    pi = interventions or PathIndependence()
     loss_of = regression_loss if regression else classification_loss
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
+        extra = {k: batch[k] for k in extras}
         mutable = list(state.model_state)
-        k_jacobian, k_draw = jax.random.split(_step_key(state))
+        k_jacobian, k_draw, k_budget = jax.random.split(_step_key(state), 3)
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
         weight = reg.weight(state.step)
+        options = {"alignment": True} if pi.alignment else {}
 
-        def loss_fn(params, probe, samples: int):
+        def loss_fn(params, probe, samples: int, max_iter: int | None):
             (outputs, stats), new_model_state = model.apply(
                 state.variables(params),
                 inputs,
                 train=True,
+                max_iter=max_iter,
                 rngs=rngs,
                 mutable=mutable + [INTERMEDIATES],
                 stats_probe=probe,
                 jacobian_samples=samples,
+                **options,
+                **extra,
             )
             new_model_state = dict(new_model_state)
             intermediates = new_model_state.pop(INTERMEDIATES, {})
             task_loss = loss_of(outputs, targets, mask)
+            loss = task_loss
+            nan = jnp.full((), jnp.nan, task_loss.dtype)
+            term = align = nan
             if samples:
                 term = masked_mean(sown(intermediates, "jacobian_term"), mask)
-                loss = task_loss + weight * term
-            else:
-                term, loss = jnp.full((), jnp.nan, task_loss.dtype), task_loss
-            return loss, (task_loss, term, outputs, stats, new_model_state)
+                loss = loss + weight * term
+            if pi.alignment:
+                align = masked_mean(sown(intermediates, "alignment_term"), mask)
+                loss = loss + pi.alignment_weight * align
+            # The trace's length is the budget: drop it so every budget's branch agrees.
+            stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
+            return loss, (task_loss, term, align, outputs, stats, new_model_state)
 
-        def gradients(samples: int):
+        def gradients(samples: int, max_iter: int | None = None):
             grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
-            return grad_fn(state.params, stats_probe(), samples)
+            return grad_fn(state.params, stats_probe(), samples, max_iter)
 
+        def budgeted(samples: int):
+            if not pi.budgets:
+                return gradients(samples)
+            branches = [lambda b=b: gradients(samples, b) for b in pi.budgets]
+            return jax.lax.switch(budget_index, branches)
+
+        budget_index = pi.draw_budget(k_budget) if pi.budgets else None
         applied = jnp.asarray(reg.enabled, jnp.float32)
         if not reg.enabled:
-            result = gradients(0)
+            result = budgeted(0)
         elif reg.jacobian_freq >= 1.0:
-            result = gradients(reg.jacobian_samples)
+            result = budgeted(reg.jacobian_samples)
         else:
             draw = reg.draw(k_draw)
             applied = draw.astype(jnp.float32)
-            result = jax.lax.cond(
-                draw, lambda: gradients(reg.jacobian_samples), lambda: gradients(0)
-            )
-        (loss, (task_loss, term, outputs, stats, new_model_state)), (grads, probe_grad) = result
+            result = jax.lax.cond(draw, lambda: budgeted(reg.jacobian_samples), lambda: budgeted(0))
+        (loss, aux), (grads, probe_grad) = result
+        task_loss, term, align, outputs, stats, new_model_state = aux
         metrics = {"loss": loss, "task_loss": task_loss}
-        task_metrics = _task_metrics(metrics_fn, outputs, targets, mask)
+        task_metrics = _task_metrics(metrics_fn, outputs, targets, mask, extra)
         if not regression:
             metrics["accuracy"] = next(iter(task_metrics.values()))
         metrics.update(task_metrics)
@@ -216,6 +244,10 @@ def make_train_step(
             metrics["jacobian_weight"] = weight
             metrics["jacobian_applied"] = applied
             metrics["jacobian_term"] = term
+        if pi.budgets:
+            metrics["train_budget"] = jnp.asarray(pi.budgets, jnp.float32)[budget_index]
+        if pi.alignment:
+            metrics["alignment_term"] = align
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
@@ -229,7 +261,7 @@ def make_train_step(
 
 
 def make_spectral_step(
-    model: Any, mesh: Mesh, iters: int
+    model: Any, mesh: Mesh, iters: int, extras: tuple[str, ...] = ()
 ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
     """Builds ``spectral_step(state, batch) -> {"spectral_radius"}``, jitted over ``mesh``.
 
@@ -251,6 +283,7 @@ def make_spectral_step(
             rngs=rngs,
             mutable=[INTERMEDIATES],
             spectral_iters=iters,
+            **{k: batch[k] for k in extras},
         )
         rho = sown(new_state[INTERMEDIATES], "spectral_radius")  # [B]
         return {"spectral_radius": masked_mean(rho, batch["mask"])}
@@ -266,6 +299,7 @@ def make_eval_step(
     max_iter: int | None = None,
     *,
     regression: bool = False,
+    extras: tuple[str, ...] = (),
 ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
     """Builds ``eval_step(state, batch) -> metrics`` at the solver budget ``max_iter``.
 
@@ -275,6 +309,7 @@ def make_eval_step(
       mesh: the data-parallel mesh.
       max_iter: the solver budget; ``None`` keeps the model's eval budget.
       regression: mean squared error instead of cross-entropy as ``loss``.
+      extras: batch keys handed to the model and the metrics as keywords.
 
     Returns:
       The jitted step. ``metrics`` holds ``loss``, the task's metrics, the solver
@@ -284,15 +319,17 @@ def make_eval_step(
 
     def eval_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
+        extra = {k: batch[k] for k in extras}
         outputs, stats = model.apply(
             state.variables(),
             inputs,
             train=False,
             max_iter=max_iter,
             rngs=state.step_rngs(*RNG_STREAMS),
+            **extra,
         )
         metrics = {"loss": loss_of(outputs, targets, mask)}
-        metrics.update(_task_metrics(metrics_fn, outputs, targets, mask))
+        metrics.update(_task_metrics(metrics_fn, outputs, targets, mask, extra))
         metrics.update(solver_metrics(stats, mask))
         metrics["count"] = jnp.sum(mask.astype(jnp.int32))
         return metrics

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 from deq_jax.training import evaluate
+from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import setup
 from deq_jax.training.state import TrainState
@@ -134,6 +135,7 @@ def train_and_evaluate(
     """
     tc = config.train
     regularizer = JacobianRegularizer.from_config(config.get("regularizer", {}))
+    interventions = PathIndependence.from_config(config.get("path_independence", {}))
     run = setup(config, workdir)
     mesh, task, model, state, start = run.mesh, run.task, run.model, run.state, run.start_step
     ckpt = run.checkpointer
@@ -155,9 +157,13 @@ def train_and_evaluate(
         mesh,
         regression=regression,
         regularizer=regularizer,
+        interventions=interventions,
+        extras=task.batch_extras,
     )
     spectral_every = regularizer.spectral_every
-    spectral_step = make_spectral_step(model, mesh, regularizer.spectral_iters)
+    spectral_step = make_spectral_step(
+        model, mesh, regularizer.spectral_iters, extras=task.batch_extras
+    )
     evaluator = evaluate.Evaluator(
         model, task, mesh, config.eval.batch_size, max_batches=config.eval.max_batches
     )

@@ -1,0 +1,188 @@
+"""Path-independence analysis of whole task models, not just of a bare `DEQ`.
+
+A task model (`deq_jax.nn.models`) wraps its `deq_jax.nn.DEQ` between an input
+projection and a readout. `deq_call` runs the model in eval mode while intercepting the
+call of its (first) DEQ: it can replace the DEQ's initial state or budget, and it
+captures the fixed point, the solver statistics and the DEQ's problem as pure pieces
+(`deq_jax.nn.EquilibriumProblem`: ``f(z, args)``, ``z0``, ``args``, ``solver``), the
+inputs of the cell-level tools `aa_score` and `adversarial_aa`. On top of it:
+
+* `model_aa_score`: Algorithm 1 of Anil et al. on a whole model;
+* `model_adversarial_aa`: the attacked AA score and the model's outputs at the attacked
+  fixed points (for attacked accuracy);
+* `outputs_at`: the model's outputs read out from a given state instead of a solve.
+
+Nothing here changes the model's code: the interception uses
+`flax.linen.intercept_methods`.
+
+References:
+  Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent
+  Equilibrium Models Can Better Exploit Test-Time Computation", NeurIPS 2022
+  (Algorithm 1 and Section 4.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from deq_jax.analysis.adversarial import AttackResult, adversarial_aa
+from deq_jax.analysis.path_independence import derangement, per_sample_cosine
+from deq_jax.nn.deq import DEQ, EquilibriumProblem
+from deq_jax.solvers.base import SolverStats
+
+
+class DEQCall(NamedTuple):
+    """What `deq_call` saw.
+
+    Attributes:
+      outputs: the model's outputs.
+      z_star: the fixed point of the model's first DEQ.
+      stats: that DEQ's per-sample `deq_jax.SolverStats`.
+      problem: that DEQ's `EquilibriumProblem` (with the initial state actually used).
+    """
+
+    outputs: Any
+    z_star: Any
+    stats: SolverStats
+    problem: EquilibriumProblem
+
+
+def deq_call(
+    model: nn.Module,
+    variables: Any,
+    inputs: Any,
+    *,
+    z0: Any = None,
+    max_iter: int | None = None,
+    rngs: dict[str, jax.Array] | None = None,
+    **model_kwargs: Any,
+) -> DEQCall:
+    """Applies ``model`` in eval mode, intercepting its first `DEQ` call.
+
+    Args:
+      model: a linen model holding at least one `deq_jax.nn.DEQ`.
+      variables: its variables.
+      inputs: the model's inputs.
+      z0: the initial state of the DEQ's solve (``None``: its ``z_init``).
+      max_iter: the DEQ's budget (``None``: the model's eval budget).
+      rngs: rngs of the call (``{"z0": key}`` for a random ``z_init``).
+      **model_kwargs: more keywords of the model call (e.g. ``adjacency``).
+
+    Returns:
+      A `DEQCall`.
+
+    Raises:
+      ValueError: if the model called no `DEQ`.
+    """
+    seen: list[tuple[EquilibriumProblem, Any]] = []
+
+    def interceptor(next_fun, args, kwargs, context):
+        if seen or not isinstance(context.module, DEQ) or context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        kwargs = dict(kwargs)
+        x, start = args[0], (args[1] if len(args) > 1 else kwargs.pop("z0", None))
+        if z0 is not None:
+            start = z0
+        if max_iter is not None:
+            kwargs["max_iter"] = max_iter
+        problem = context.module.problem(
+            x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter")
+        )
+        out = next_fun(x, problem.z0, **kwargs)
+        seen.append((problem, out))
+        return out
+
+    with nn.intercept_methods(interceptor):
+        outputs, _ = model.apply(variables, inputs, train=False, rngs=rngs, **model_kwargs)
+    if not seen:
+        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
+    problem, (z_star, stats) = seen[0]
+    return DEQCall(outputs, z_star, stats, problem)
+
+
+def outputs_at(
+    model: nn.Module, variables: Any, inputs: Any, z_star: Any, **model_kwargs: Any
+) -> Any:
+    """The model's outputs when its DEQ returns ``z_star`` (no solve: one evaluation).
+
+    Reads attacked (or any other) fixed points out through the model's readout.
+    """
+    return deq_call(model, variables, inputs, z0=z_star, max_iter=1, **model_kwargs).outputs
+
+
+def model_aa_score(
+    model: nn.Module,
+    variables: Any,
+    inputs: Any,
+    *,
+    key: jax.Array,
+    max_iter: int | None = None,
+    rngs: dict[str, jax.Array] | None = None,
+    **model_kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """The AA score (Algorithm 1 of Anil et al.) of a whole task model.
+
+    Solves every input from the model's training-time initialisation, then again from
+    the fixed point of another input of the batch (a random derangement), and returns
+    the cosine similarity of the two fixed points.
+
+    Args:
+      model: a linen model holding a `deq_jax.nn.DEQ`.
+      variables: its variables.
+      inputs: a batch of at least 2 inputs.
+      key: draws the pairing.
+      max_iter: the solver budget (``None``: the model's eval budget).
+      rngs: rngs of the first solve (``{"z0": key}`` for a random ``z_init``).
+      **model_kwargs: more keywords of the model call.
+
+    Returns:
+      ``(mean, per_instance [B])``.
+    """
+    first = deq_call(model, variables, inputs, max_iter=max_iter, rngs=rngs, **model_kwargs)
+    batch = jax.tree_util.tree_leaves(first.z_star)[0].shape[0]
+    perm = derangement(key, batch)
+    start = jax.tree_util.tree_map(lambda z: z[perm], first.z_star)
+    again = deq_call(model, variables, inputs, z0=start, max_iter=max_iter, **model_kwargs)
+    per_instance = per_sample_cosine(first.z_star, again.z_star)
+    return jnp.mean(per_instance), per_instance
+
+
+def model_adversarial_aa(
+    model: nn.Module,
+    variables: Any,
+    inputs: Any,
+    *,
+    key: jax.Array,
+    max_iter: int | None = None,
+    rngs: dict[str, jax.Array] | None = None,
+    model_kwargs: dict[str, Any] | None = None,
+    **attack_options: Any,
+) -> tuple[AttackResult, Any]:
+    """`adversarial_aa` on a whole model, plus its outputs at the attacked fixed points.
+
+    Args:
+      model: a linen model holding a `deq_jax.nn.DEQ`.
+      variables: its variables.
+      inputs: a batch of inputs.
+      key: draws the attack's random restarts.
+      max_iter: the solver budget of the reference and attacked solves.
+      rngs: rngs of the reference solve.
+      model_kwargs: more keywords of the model call (e.g. ``{"adjacency": a}``).
+      **attack_options: ``steps``, ``restarts``, ``lbfgs_iters``, ``init_scale`` of
+        `adversarial_aa`.
+
+    Returns:
+      ``(attack, attacked_outputs)``: the `AttackResult` and the model's outputs read
+      out at ``attack.fixed_points`` (score them with the task's metrics for the
+      attacked accuracy).
+    """
+    model_kwargs = model_kwargs or {}
+    call = deq_call(model, variables, inputs, max_iter=max_iter, rngs=rngs, **model_kwargs)
+    p = call.problem
+    attack = adversarial_aa(p.f, p.z0, p.args, solver=p.solver, key=key, **attack_options)
+    outputs = outputs_at(model, variables, inputs, attack.fixed_points, **model_kwargs)
+    return attack, outputs

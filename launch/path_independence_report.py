@@ -1,0 +1,319 @@
+"""The path-independence report: path-independent vs path-dependent models per task.
+
+For each task, trains (or, when a run's workdir already holds its final checkpoint,
+loads) one run per variant and writes ``{workdir}/path_independence_report.json`` and
+PNG figures, after Anil et al. (2022):
+
+* Table 1 (``table``): per task and variant, the AA score, accuracy, attacked AA and
+  attacked accuracy on the task's harder ``target`` split at the largest budget.
+* Figure 2b (``test_time.png``): accuracy against the test-time iteration budget, per
+  split, for each variant.
+* Figure 4 (``aa_vs_accuracy.png``): AA against accuracy across every run (the two
+  variants of each task plus the ``--sweep`` runs of prefix sums), with the Spearman
+  coefficient.
+* Figure 5b (``aa_by_correctness.png``): the per-instance AA of correct and incorrect
+  predictions.
+* ``aa_cost``: the wall time of `model_aa_score` over that of one forward solve on the
+  same batch (median of 5 after compilation).
+
+Variants: ``path_independent`` is the task config as it is (mixed initialisation and a
+solver with Jacobian-free or implicit gradients); ``path_dependent`` trains by "unroll +
+backprop" from zeros with a fixed depth (fixed-point iteration, ``tol = 1e-30``, the
+``unrolled`` backward mode), the setting the paper contrasts.
+
+Usage::
+
+    python -m launch.path_independence_report --workdir /tmp/pi_report \\
+        --tasks=prefix_sum --sweep=4 --sweep_steps=500 --dependent_steps=500
+
+References:
+  Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent
+  Equilibrium Models Can Better Exploit Test-Time Computation", NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+from deq_jax import analysis
+from launch import main as launch_main
+from launch.runs import quiet, trained_run
+
+_TASKS = flags.DEFINE_list("tasks", ["prefix_sum"], "Tasks to report (keys of TASKS).")
+_SWEEP = flags.DEFINE_integer("sweep", 4, "Extra prefix-sum runs for the AA-accuracy plot.")
+_SWEEP_STEPS = flags.DEFINE_integer("sweep_steps", 1000, "Train steps of each sweep run.")
+_DEPENDENT_STEPS = flags.DEFINE_integer(
+    "dependent_steps", 0, "Train steps of the path-dependent run (0: the config's)."
+)
+_AA_BATCH = flags.DEFINE_integer("aa_batch", 100, "Examples per split for the AA scores.")
+_ATTACK_BATCH = flags.DEFINE_integer("attack_batch", 32, "Examples attacked per run.")
+_SMOKE = flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+
+REPORT_FILE = "path_independence_report.json"
+
+# Per task: its config module, the harder split of Table 1, the whole-answer metric and
+# the test-time budgets (multiples of the train budget) of Figure 2b.
+TASKS = {
+    "prefix_sum": dict(
+        config="prefix_sum",
+        overrides={"task.test_lengths": (32, 64, 128)},
+        target="test_128",
+        metric="string_accuracy",
+    ),
+    "mazes": dict(config="mazes", overrides={}, target="test_13", metric="maze_accuracy"),
+    "blurry_digits": dict(config="blurry_digits", overrides={}, target=None, metric="accuracy"),
+}
+BUDGET_MULTIPLIERS = (0.5, 1, 2, 4, 8)
+
+PATH_DEPENDENT = {
+    "model.z_init": "zeros",
+    "solver.name": "fixed_point_iteration",
+    "solver.tol": 1e-30,
+    "backward.name": "unrolled",
+    "model.train_max_iter": 15,
+}
+# The sweep for Figure 4: interventions on and off, so AA spreads out.
+SWEEP = (
+    {"model.z_init": "zeros"},
+    {"model.z_init": "mixed", "train.seed": 1},
+    {"model.z_init": "zeros", "solver.name": "fixed_point_iteration", "solver.tol": 1e-30},
+    {"path_independence.budget_max": 40, "path_independence.budget_min": 10},
+    {"model.z_init": "normal", "path_independence.alignment_weight": 1.0},
+    {"model.z_init": "zeros", "backward.name": "unrolled"},
+)
+
+
+def task_config(task: str, overrides: dict[str, Any], smoke: bool = False) -> Any:
+    """The task's config (``configs/<name>.py``) with ``"section.field"`` overrides."""
+    spec = TASKS[task]
+    module = importlib.import_module(f"configs.{spec['config']}")
+    config = module.get_config("smoke" if smoke else None)
+    for key, value in {**spec["overrides"], **overrides}.items():
+        section, field = key.split(".")
+        config[section][field] = value
+    return config
+
+
+def _budgets(config: Any) -> list[int]:
+    base = config.model.train_max_iter
+    return sorted({max(1, int(round(m * base))) for m in BUDGET_MULTIPLIERS})
+
+
+def _batch(run: Any, split: str, size: int) -> dict[str, np.ndarray]:
+    """The first ``size`` real examples of ``split``, as one host batch."""
+    batch = next(iter(run.task.eval_iterator(split, size)))
+    keep = np.asarray(batch["mask"], bool)
+    return {k: np.asarray(v)[keep] for k, v in batch.items()}
+
+
+def _whole_correct(outputs: Any, targets: Any) -> np.ndarray:
+    """``[B]`` bool: every label of the example right (classification)."""
+    right = np.asarray(jnp.argmax(outputs, axis=-1)) == np.asarray(targets)
+    return right.reshape(right.shape[0], -1).all(axis=1)
+
+
+def analyse_run(
+    run: Any,
+    config: Any,
+    target: str,
+    metric: str,
+    key: jax.Array,
+    aa_batch: int = 100,
+    attack_batch: int = 32,
+) -> dict:
+    """Test-time curve, AA per split, Table 1 row and per-instance AA of one run."""
+    from deq_jax.training import evaluate
+
+    model, variables = run.model, run.state.variables()
+    budgets = _budgets(config)
+    evaluator = evaluate.Evaluator(
+        model, run.task, run.mesh, config.eval.batch_size, max_batches=config.eval.max_batches
+    )
+    curve = []
+    for split in run.task.eval_splits:
+        for budget in budgets:
+            m = evaluator.evaluate(run.state, split, budget)
+            curve.append(dict(split=split, max_iter=budget, **m))
+    top = budgets[-1]
+    extra_keys = tuple(getattr(run.task, "batch_extras", ()))
+    aa = {}
+    for i, split in enumerate(run.task.eval_splits):
+        b = _batch(run, split, aa_batch)
+        kwargs = {k: jnp.asarray(b[k]) for k in extra_keys}
+        rngs = {"z0": jax.random.fold_in(key, 2 * i)}
+        mean, per = analysis.model_aa_score(
+            model,
+            variables,
+            jnp.asarray(b["inputs"]),
+            key=jax.random.fold_in(key, 2 * i + 1),
+            max_iter=top,
+            rngs=rngs,
+            **kwargs,
+        )
+        call = analysis.deq_call(
+            model, variables, jnp.asarray(b["inputs"]), max_iter=top, rngs=rngs, **kwargs
+        )
+        aa[split] = dict(
+            aa=float(mean),
+            per_instance=np.asarray(per).tolist(),
+            correct=_whole_correct(call.outputs, b["targets"]).tolist(),
+        )
+    b = _batch(run, target, attack_batch)
+    kwargs = {k: jnp.asarray(b[k]) for k in extra_keys}
+    attack, attacked_out = analysis.model_adversarial_aa(
+        model,
+        variables,
+        jnp.asarray(b["inputs"]),
+        key=jax.random.fold_in(key, 99),
+        max_iter=top,
+        rngs={"z0": jax.random.fold_in(key, 98)},
+        model_kwargs=kwargs,
+        steps=config.model.train_max_iter,
+        restarts=2,
+        lbfgs_iters=10,
+    )
+    at_target = next(r for r in curve if r["split"] == target and r["max_iter"] == top)
+    table = dict(
+        aa=aa[target]["aa"],
+        accuracy=at_target[metric],
+        attacked_aa=float(attack.aa),
+        attacked_accuracy=float(np.mean(_whole_correct(attacked_out, b["targets"]))),
+        split=target,
+        max_iter=top,
+    )
+    return dict(table=table, test_time=curve, aa=aa)
+
+
+def aa_cost(run: Any, split: str, aa_batch: int = 100, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of `model_aa_score` and of one forward solve, and their ratio."""
+    model, variables = run.model, run.state.variables()
+    x = jnp.asarray(_batch(run, split, aa_batch)["inputs"])
+    rngs, key = {"z0": jax.random.key(0)}, jax.random.key(1)
+    forward = jax.jit(lambda v, x: model.apply(v, x, train=False, rngs=rngs)[0])
+    score = jax.jit(lambda v, x: analysis.model_aa_score(model, v, x, key=key, rngs=rngs)[0])
+
+    def median_time(fn):
+        jax.block_until_ready(fn(variables, x))
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(variables, x))
+            times.append(time.perf_counter() - start)
+        return float(np.median(times))
+
+    t_fwd, t_aa = median_time(forward), median_time(score)
+    return dict(forward_s=t_fwd, aa_s=t_aa, ratio=t_aa / t_fwd, split=split)
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(v):
+        v = np.asarray(v, float)
+        order = np.argsort(v, kind="mergesort")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v), dtype=float)
+        for value in np.unique(v):
+            tied = v == value
+            r[tied] = r[tied].mean()
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def run_report(
+    root: str,
+    tasks: Sequence[str],
+    *,
+    sweep: int,
+    sweep_steps: int,
+    dependent_steps: int = 0,
+    smoke: bool = False,
+    aa_batch: int = 100,
+    attack_batch: int = 32,
+    emit: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Trains/loads every run, analyses it and writes the JSON report and figures."""
+    from launch import path_independence_plots as plots
+
+    report: dict[str, Any] = {"tasks": {}, "runs": []}
+    key = jax.random.key(0)
+    for task in tasks:
+        spec = TASKS[task]
+        variants = {"path_independent": {}, "path_dependent": dict(PATH_DEPENDENT)}
+        if task == "prefix_sum":
+            for i, overrides in enumerate(SWEEP[:sweep]):
+                variants[f"sweep_{i}"] = {**overrides, "train.steps": sweep_steps}
+        section = {}
+        for name, overrides in variants.items():
+            overrides = dict(overrides)
+            if dependent_steps and name == "path_dependent":
+                overrides["train.steps"] = dependent_steps
+            config = task_config(task, overrides, smoke)
+            workdir = os.path.join(root, task, name)
+            emit(f"[{task}/{name}] training or loading in {workdir}")
+            t0 = time.time()
+            run = trained_run(config, workdir, emit=quiet)
+            target = spec["target"] or run.task.eval_splits[-1]
+            result = analyse_run(run, config, target, spec["metric"], key, aa_batch, attack_batch)
+            result["overrides"] = {k: v for k, v in overrides.items()}
+            section[name] = result
+            row = dict(task=task, variant=name, **result["table"])
+            report["runs"].append(row)
+            emit(f"[{task}/{name}] {json.dumps(result['table'])} ({time.time() - t0:.0f} s)")
+            if name == "path_independent":
+                section["aa_cost"] = aa_cost(run, target, aa_batch)
+                emit(f"[{task}] aa_score cost: {json.dumps(section['aa_cost'])}")
+        report["tasks"][task] = section
+    runs = report["runs"]
+    report["spearman"] = spearman([r["aa"] for r in runs], [r["accuracy"] for r in runs])
+    emit(f"Spearman(AA, accuracy) over {len(runs)} runs: {report['spearman']:.3f}")
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, REPORT_FILE)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    report["figures"] = plots.write_figures(report, root)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    emit(f"Wrote {path} and {', '.join(report['figures'])}")
+    return report
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    workdir = launch_main._WORKDIR.value
+    for task in _TASKS.value:
+        if task not in TASKS:
+            raise app.UsageError(f"Unknown task {task!r}. Valid tasks: {', '.join(TASKS)}.")
+    run_report(
+        workdir,
+        _TASKS.value,
+        sweep=_SWEEP.value,
+        sweep_steps=_SWEEP_STEPS.value,
+        dependent_steps=_DEPENDENT_STEPS.value,
+        smoke=_SMOKE.value,
+        aa_batch=_AA_BATCH.value,
+        attack_batch=_ATTACK_BATCH.value,
+        emit=lambda line: print(line, flush=True),
+    )
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["workdir"])  # --workdir is launch.main's flag
+    app.run(main)
