@@ -9,8 +9,11 @@ the last three keywords go to the DEQ unchanged (the backward-statistics probe, 
 Jacobian term and spectral radius it sows into ``"intermediates"``; see `DEQ`).
 
 Registered: ``prefix_sum_deq`` (`PrefixSumDEQ`), ``synthetic_1d_deq``
-(`Synthetic1DDEQ`, the 200-parameter DEQ of Bai et al. 2021) and ``digits_deq``
-(`DigitsDEQ`, a small convolutional DEQ for 8x8 digits).
+(`Synthetic1DDEQ`, the 200-parameter DEQ of Bai et al. 2021), ``digits_deq``
+(`DigitsDEQ`, a small convolutional DEQ for 8x8 digits, also used for blurry digits),
+``maze_deq`` (`deq_jax.nn.maze_model.MazeDEQ`), ``edge_copy_deq`` and
+``matrix_inversion_deq`` (`deq_jax.nn.reasoning_models`). Models of tasks with
+``batch_extras`` take them as keywords (``adjacency`` for edge copy).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -33,7 +36,9 @@ from deq_jax._registry import Registry
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell
-from deq_jax.nn.deq import DEQ
+from deq_jax.nn.deq import solve_cell
+from deq_jax.nn.maze_model import MazeDEQ
+from deq_jax.nn.reasoning_models import EdgeCopyDEQ, MatrixInversionDEQ
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
 
@@ -107,24 +112,10 @@ class PrefixSumDEQ(nn.Module):
             dropout_rate=self.dropout_rate,
             name="cell",
         )
-        z, stats = _solve(self, cell, u, train, max_iter, deq_options)  # [B, L, width]
+        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, L, width]
         h = nn.relu(conv(self.width, "head_0")(z))
         h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))
         return conv(self.num_classes, "head_out")(h), stats
-
-
-def _solve(model, cell, x, train, max_iter, deq_options) -> tuple[Any, SolverStats]:
-    """Calls a `DEQ` named ``"deq"`` on ``cell`` with the model's solver fields."""
-    deq = DEQ(
-        cell,
-        solver=model.solver,
-        backward=model.backward,
-        z_init=model.z_init,
-        train_max_iter=model.train_max_iter,
-        eval_max_iter=model.eval_max_iter,
-        name="deq",
-    )
-    return deq(x, train=train, max_iter=max_iter, **deq_options)
 
 
 class ScalarReLUCell(nn.Module):
@@ -199,7 +190,7 @@ class Synthetic1DDEQ(nn.Module):
         if x.ndim != 2 or x.shape[-1] != 1:
             raise ValueError(f"Synthetic1DDEQ expects inputs [B, 1], got shape {x.shape}.")
         cell = ScalarReLUCell(self.hidden, self.recurrent_std, self.out_std, name="cell")
-        return _solve(self, cell, x, train, max_iter, deq_options)
+        return solve_cell(self, cell, x, train, max_iter, deq_options)
 
 
 class DigitsDEQ(nn.Module):
@@ -265,7 +256,7 @@ class DigitsDEQ(nn.Module):
             dropout_rate=self.dropout_rate,
             name="cell",
         )
-        z, stats = _solve(self, cell, u, train, max_iter, deq_options)  # [B, H, W, width]
+        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, H, W, width]
         pooled = nn.avg_pool(z, (2, 2), strides=(2, 2))  # [B, H/2, W/2, width]
         features = pooled.reshape(pooled.shape[0], -1)  # [B, H/2 * W/2 * width]
         return nn.Dense(self.num_classes, name="head")(features), stats
@@ -277,3 +268,6 @@ register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
 register("prefix_sum_deq", PrefixSumDEQ)
 register("synthetic_1d_deq", Synthetic1DDEQ)
 register("digits_deq", DigitsDEQ)
+register("maze_deq", MazeDEQ)
+register("edge_copy_deq", EdgeCopyDEQ)
+register("matrix_inversion_deq", MatrixInversionDEQ)

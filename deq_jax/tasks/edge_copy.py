@@ -234,6 +234,7 @@ class EdgeCopyTask(Task):
 
     name = "edge_copy"
     num_classes = None  # a regression task: C real outputs per edge
+    batch_extras = ("adjacency",)
     train_split = TRAIN
 
     def __init__(self, config: EdgeCopyConfig = EdgeCopyConfig()):

@@ -32,9 +32,14 @@ REPORT_FILE = "length_generalization.json"
 DEVICE_KEYS = ("inputs", "targets", "mask")
 
 
-def device_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-    """The global, sharded arrays of this process's rows of ``batch``."""
-    return sharding.shard_batch({k: batch[k] for k in DEVICE_KEYS}, mesh)
+def device_batch(
+    batch: dict[str, Any], mesh: Mesh, extras: tuple[str, ...] = ()
+) -> dict[str, jax.Array]:
+    """The global, sharded arrays of this process's rows of ``batch``.
+
+    Keeps `DEVICE_KEYS` and the task's ``extras`` (its ``batch_extras``).
+    """
+    return sharding.shard_batch({k: batch[k] for k in (*DEVICE_KEYS, *extras)}, mesh)
 
 
 class Evaluator:
@@ -88,7 +93,8 @@ class Evaluator:
         )
         if self.max_batches:
             batches = itertools.islice(batches, self.max_batches)
-        results = [step(state, device_batch(b, self.mesh)) for b in batches]
+        extras = tuple(getattr(self.task, "batch_extras", ()))
+        results = [step(state, device_batch(b, self.mesh, extras)) for b in batches]
         return steps.combine(jax.device_get(results))
 
     def evaluate_splits(

@@ -14,9 +14,9 @@ al. live here; the others are choices made elsewhere in the config:
   of the two (normalised) fixed points. With ``model.z_init = "normal"`` both starts are
   Gaussian, the paper's form.
 * Mixed initialisation is ``model.z_init = "mixed"``; "unroll + backprop" is
-  ``solver.name = "fixed_point_iteration"``, ``solver.tol = 1e-30`` (a fixed depth) and ``backward.name =
-  "unrolled"``; implicit gradients are ``backward.name = "ift"``; phantom gradients are
-  ``backward.name = "phantom"``.
+  ``solver.name = "fixed_point_iteration"``, ``solver.tol = 1e-30`` (a fixed depth)
+  and ``backward.name = "unrolled"``; implicit gradients are ``backward.name =
+  "ift"``; phantom gradients are ``backward.name = "phantom"``.
 
 References:
   Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent

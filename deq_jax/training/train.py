@@ -197,7 +197,7 @@ def train_and_evaluate(
     eval_metrics: dict[str, dict] = {}
     try:
         for step in range(start + 1, stop + 1):
-            batch = evaluate.device_batch(next(batches), mesh)
+            batch = evaluate.device_batch(next(batches), mesh, task.batch_extras)
             if spectral_every and (step - 1) % spectral_every == 0:
                 spectral = jax.device_get(spectral_step(state, batch))
             else:

@@ -1,0 +1,93 @@
+"""Edge copy on random graphs with an edge-state graph DEQ.
+
+Trains on noisy 10-node Erdős–Rényi graphs to reproduce the clean edge features and
+reports the mean squared error over the edges of 10-, 20- and 40-node graphs at 1x, 2x
+and 4x the train solver budget (`deq_jax.nn.reasoning_models.EdgeCopyDEQ`: one state
+per edge, updated from the edges that share an endpoint; the same parameters on every
+graph size). About 3 minutes on 2 CPU cores; mse about 0.0004 on every graph size
+(predicting zero: 1/3). Run it with::
+
+    python -m launch.main --config configs/edge_copy.py --workdir /tmp/edge_copy
+
+The smoke variant (a tiny model, a few steps, still writing checkpoints and metrics;
+seconds)::
+
+    python -m launch.main --config configs/edge_copy.py:smoke --workdir /tmp/edge_copy_smoke
+
+References:
+  Du, Li, Tenenbaum, Mordatch, "Learning Iterative Reasoning through Energy
+  Minimization", ICML 2022 (the edge-copy graph task).
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The edge-copy config; ``arg="smoke"`` gives the seconds-long test variant."""
+    arg = default.variant(arg)
+    config = default.get_config()
+    config.task = ConfigDict(
+        dict(
+            name="edge_copy",
+            data_dir="",
+            seed=0,
+            train_size=10_000,
+            train_nodes=10,
+            test_nodes=(10, 20, 40),
+            test_size=500,
+            edge_prob=0.3,
+            num_features=1,
+            noise_std=0.1,
+        )
+    )
+    # Layer norm over each edge's features keeps the map bounded and convergent on
+    # every graph size, mixed initialisation makes the fixed point path independent,
+    # and Jacobian-free gradients keep a step cheap.
+    config.model = ConfigDict(
+        dict(
+            name="edge_copy_deq",
+            width=32,
+            hidden=64,
+            dropout_rate=0.0,
+            z_init="mixed",
+            train_max_iter=15,
+            eval_max_iter=30,
+        )
+    )
+    config.backward.name = "jacobian_free"
+    config.backward.ift.max_iter = 15
+    config.train.steps = 1_500
+    config.train.batch_size = 32
+    config.train.optimizer = "adam"
+    config.train.learning_rate = 1e-3
+    config.train.warmup_steps = 100
+    config.eval.every_steps = 500
+    config.eval.batch_size = 100
+    config.eval.max_batches = 1
+    config.ckpt.every_steps = 500
+    config.log.every_steps = 100
+    if arg == "smoke":
+        config.task.train_size = 256
+        config.task.train_nodes = 6
+        config.task.test_nodes = (9,)
+        config.task.test_size = 32
+        config.model.width = 8
+        config.model.hidden = 16
+        config.model.train_max_iter = 6
+        config.model.eval_max_iter = 6
+        config.backward.ift.max_iter = 6
+        config.train.steps = 6
+        config.train.batch_size = 16
+        config.train.warmup_steps = 2
+        config.eval.every_steps = 4
+        config.eval.batch_size = 32
+        config.eval.max_batches = 1
+        config.eval.budget_multipliers = (1, 2)
+        config.ckpt.every_steps = 2
+        config.ckpt.keep = 2
+        config.log.every_steps = 2
+    return config

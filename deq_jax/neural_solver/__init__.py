@@ -1,0 +1,82 @@
+"""Neural deep equilibrium solvers: a learned initialiser and HyperAnderson iterations.
+
+* `make_initializer` / `SequenceInitializer` / `ImageInitializer` / `VectorInitializer`:
+  ``h_phi(x)``, the injection mapped to a first state.
+* `neural_solver`: HyperAnderson with trained weights, a `deq_jax.Solver` usable in
+  `deq_jax.fixed_point` and `deq_jax.nn.DEQ`; `init_neural_solver` builds an untrained one.
+* `neural_solver_loss`, `unroll`, `step_weights`, `linear_decay`, `train_neural_solver`:
+  training with the DEQ frozen.
+* Kernels: `normalize_alpha`, `hyper_anderson_update`, `hyper_anderson_step`,
+  `pool_residual`, `history_features`.
+
+Typical use::
+
+    solver = init_neural_solver(key, state_shape=(16,), tol=1e-4, max_iter=40)
+    h_phi = make_initializer("vector", features=16)
+    trained = train_neural_solver(solver, h_phi, f, batches, num_steps=300, key=key)
+    z0 = h_phi.apply(trained.init_params, x)
+    sol = dj.fixed_point(f, z0, args, solver=trained.solver,
+                         backward=dj.backward.ift(solver=dj.solvers.anderson(tol=1e-6)))
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+"""
+
+from deq_jax.neural_solver.hyper_anderson import (
+    POOLS,
+    HyperAndersonNet,
+    HyperAndersonState,
+    HyperAndersonStep,
+    history_features,
+    hyper_anderson_init,
+    hyper_anderson_step,
+    hyper_anderson_update,
+    normalize_alpha,
+    pool_residual,
+)
+from deq_jax.neural_solver.initializer import (
+    INITIALIZER_KINDS,
+    ImageInitializer,
+    SequenceInitializer,
+    VectorInitializer,
+    make_initializer,
+)
+from deq_jax.neural_solver.loss import (
+    Unrolled,
+    linear_decay,
+    neural_solver_loss,
+    step_weights,
+    unroll,
+)
+from deq_jax.neural_solver.params import FrozenParams
+from deq_jax.neural_solver.solver import init_neural_solver, init_params, neural_solver
+from deq_jax.neural_solver.train import TrainedNeuralSolver, train_neural_solver
+
+__all__ = [
+    "INITIALIZER_KINDS",
+    "POOLS",
+    "FrozenParams",
+    "HyperAndersonNet",
+    "HyperAndersonState",
+    "HyperAndersonStep",
+    "ImageInitializer",
+    "SequenceInitializer",
+    "TrainedNeuralSolver",
+    "Unrolled",
+    "VectorInitializer",
+    "history_features",
+    "hyper_anderson_init",
+    "hyper_anderson_step",
+    "hyper_anderson_update",
+    "init_neural_solver",
+    "init_params",
+    "linear_decay",
+    "make_initializer",
+    "neural_solver",
+    "neural_solver_loss",
+    "normalize_alpha",
+    "pool_residual",
+    "step_weights",
+    "train_neural_solver",
+    "unroll",
+]

@@ -1,0 +1,243 @@
+"""HyperAnderson: Anderson mixing whose weights ``alpha`` and damping ``beta`` are predicted.
+
+Like Anderson acceleration, a HyperAnderson step keeps the last ``n = m + 1`` images
+``f(z_i)`` and residuals ``g_i = f(z_i) - z_i`` and returns
+
+    z_{k+1} = beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i,
+
+but instead of solving the least-squares problem ``min ||G alpha||`` it reads ``alpha``
+and ``beta`` off a small network (`HyperAndersonNet`) that looks at a compressed history
+of residuals: each residual is pooled per sample to a ``C``-vector (global average over
+the spatial or sequence axes, or the last token of a sequence), scaled to unit size over
+the history, and passed, oldest first, through a two-layer temporal convolution.
+
+The kernels here are pure functions on the flat ``[B, D]`` arrays of
+`deq_jax.solvers.loop`; `deq_jax.neural_solver.neural_solver` wires them into a `Solver`
+and `deq_jax.neural_solver.loss` unrolls them differentiably for training.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4).
+  Anderson, "Iterative procedures for nonlinear integral equations", J. ACM 1965.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+POOLS = ("mean", "last")
+
+# Extra per-slot features next to the pooled residual: log relative norm, valid flag.
+EXTRA_FEATURES = 2
+
+# Bounds the log relative residual norms fed to the network.
+_LOG_NORM_CLIP = 20.0
+
+
+class HyperAndersonState(NamedTuple):
+    """Ring buffers of images and residuals, and the chronological compressed history."""
+
+    fs: jax.Array  # [B, n, D] past images f(z_i), ring order (slot (k - 1) % n)
+    gs: jax.Array  # [B, n, D] past residuals g_i, ring order
+    feats: jax.Array  # [B, n, C] pooled residuals, oldest first (newest at n - 1)
+    norms: jax.Array  # [B, n] ||g_i||, oldest first
+
+
+class HyperAndersonStep(NamedTuple):
+    """One HyperAnderson step with the quantities the training loss needs."""
+
+    z_next: jax.Array  # [B, D]
+    state: HyperAndersonState
+    alpha: jax.Array  # [B, n] mixing weights in ring order, zero on empty slots
+    beta: jax.Array  # [B] damping in (0, 1)
+    mixed_residual: jax.Array  # [B, D] G alpha = sum_i alpha_i g_i
+
+
+class HyperAndersonNet(nn.Module):
+    """Predicts raw mixing scores ``a [B, n]`` and damping ``beta [B]`` from the history.
+
+    Two temporal convolutions (over the history axis, ``SAME`` padding, ReLU) followed by
+    a per-slot linear head for ``a`` and a pooled linear head with a sigmoid for
+    ``beta``. Both heads start at zero weight: an untrained network mixes the history
+    uniformly with ``beta = sigmoid(beta_bias_init)``.
+
+    Attributes:
+      hidden: channels of the temporal convolutions.
+      kernel_size: width of the temporal convolutions.
+      beta_bias_init: initial logit of ``beta``.
+
+    References:
+      Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+    """
+
+    hidden: int = 32
+    kernel_size: int = 3
+    beta_bias_init: float = 0.0
+
+    @nn.compact
+    def __call__(self, x: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``x [B, n, F]`` (zero on empty slots), ``valid [n]`` -> ``(a [B, n], beta [B])``."""
+        h = nn.relu(nn.Conv(self.hidden, (self.kernel_size,), padding="SAME")(x))
+        h = nn.relu(nn.Conv(self.hidden, (self.kernel_size,), padding="SAME")(h))  # [B, n, H]
+        h = h * valid[None, :, None]
+        a = nn.Dense(1, kernel_init=nn.initializers.zeros)(h)[..., 0]  # [B, n]
+        pooled = jnp.sum(h, axis=1) / jnp.maximum(jnp.sum(valid), 1)  # [B, H]
+        logit = nn.Dense(
+            1,
+            kernel_init=nn.initializers.zeros,
+            bias_init=nn.initializers.constant(self.beta_bias_init),
+        )(pooled)[..., 0]
+        return a, nn.sigmoid(logit)
+
+
+def normalize_alpha(a: jax.Array, valid: jax.Array) -> jax.Array:
+    """Shifts raw scores to weights that sum to one over the valid slots.
+
+    ``alpha = a + (1 - 1^T a) / m_k`` on the ``m_k`` valid slots and zero elsewhere (the
+    normalisation of Bai et al. 2022): unlike a softmax it keeps negative weights, which
+    Anderson mixing needs.
+
+    Args:
+      a: raw scores ``[B, n]``.
+      valid: which slots hold history, ``[n]`` bool (at least one true).
+
+    Returns:
+      ``[B, n]`` weights with ``sum_i alpha_i = 1``.
+    """
+    a = jnp.where(valid, a, 0.0)
+    m_k = jnp.maximum(jnp.sum(valid), 1).astype(a.dtype)
+    shift = (1.0 - jnp.sum(a, axis=-1, keepdims=True)) / m_k
+    return jnp.where(valid, a + shift, 0.0)
+
+
+def hyper_anderson_update(
+    fs: jax.Array, gs: jax.Array, alpha: jax.Array, beta: jax.Array
+) -> jax.Array:
+    """``beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i`` with per-sample beta.
+
+    Args:
+      fs: images ``[B, n, D]``.
+      gs: residuals ``[B, n, D]`` (``z_i = f(z_i) - g_i``).
+      alpha: weights ``[B, n]``.
+      beta: damping ``[B]`` (or a scalar).
+
+    Returns:
+      The next iterate ``[B, D]``; with ``beta = 1`` it equals
+      `deq_jax.solvers.anderson_step` with the same ``alpha``.
+    """
+    mixed_f = jnp.einsum("bm,bmd->bd", alpha, fs)
+    mixed_g = jnp.einsum("bm,bmd->bd", alpha, gs)
+    beta = jnp.reshape(jnp.asarray(beta, mixed_f.dtype), (-1, 1))
+    return mixed_f - (1.0 - beta) * mixed_g
+
+
+def pool_residual(g: jax.Array, state_shape: tuple[int, ...], pool: str) -> jax.Array:
+    """Compresses flat residuals ``g [B, D]`` to ``[B, C]``, ``C = state_shape[-1]``.
+
+    Args:
+      g: residuals, one flattened ``state_shape`` per row.
+      state_shape: the per-sample state shape, channels last: ``(D,)`` for vectors,
+        ``(L, C)`` for sequences, ``(H, W, C)`` for images.
+      pool: ``"mean"`` averages over every axis but the channels (the vector itself for
+        ``(D,)``); ``"last"`` takes the last token of a sequence.
+
+    Raises:
+      ValueError: if ``D`` is not the size of ``state_shape``, or ``pool`` is unknown or
+        ``"last"`` with a state that is not a sequence.
+    """
+    batch, size = g.shape
+    expected = 1
+    for s in state_shape:
+        expected *= s
+    if size != expected:
+        raise ValueError(
+            f"The neural solver was built for states of shape {state_shape} ({expected} "
+            f"values per sample) but the solve has {size} values per sample."
+        )
+    x = jnp.reshape(g, (batch, *state_shape))
+    if pool == "mean":
+        return jnp.mean(x, axis=tuple(range(1, x.ndim - 1))) if x.ndim > 2 else x
+    if pool == "last":
+        if len(state_shape) != 2:
+            raise ValueError(f"pool='last' needs a sequence state (L, C), got {state_shape}.")
+        return x[:, -1, :]
+    raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}.")
+
+
+def history_features(feats: jax.Array, norms: jax.Array, valid: jax.Array) -> jax.Array:
+    """The network input ``[B, n, C + 2]`` from the chronological compressed history.
+
+    Pooled residuals are divided by the largest pooled norm in memory, so the network
+    sees the same input at every scale; the log norm of each residual relative to the
+    newest one and the valid flag are appended. Empty slots are zero.
+    """
+    tiny = jnp.sqrt(jnp.finfo(feats.dtype).tiny)
+    feats = jnp.where(valid[None, :, None], feats, 0.0)
+    scale = jnp.max(jnp.linalg.norm(feats, axis=-1), axis=1)  # [B]
+    unit = feats / (scale[:, None, None] + tiny)
+    rel = jnp.log((norms + tiny) / (norms[:, -1:] + tiny))
+    rel = jnp.where(valid, jnp.clip(rel, -_LOG_NORM_CLIP, _LOG_NORM_CLIP), 0.0)  # [B, n]
+    flag = jnp.broadcast_to(valid.astype(feats.dtype), rel.shape)
+    return jnp.concatenate([unit, rel[..., None], flag[..., None]], axis=-1)
+
+
+def hyper_anderson_init(z0: jax.Array, m: int, channels: int) -> HyperAndersonState:
+    """Empty buffers for ``z0 [B, D]`` with memory ``n = m + 1``."""
+    b, d = z0.shape
+    n = m + 1
+    return HyperAndersonState(
+        fs=jnp.zeros((b, n, d), z0.dtype),
+        gs=jnp.zeros((b, n, d), z0.dtype),
+        feats=jnp.zeros((b, n, channels), z0.dtype),
+        norms=jnp.zeros((b, n), z0.dtype),
+    )
+
+
+def hyper_anderson_step(
+    net: HyperAndersonNet,
+    params: Any,
+    state: HyperAndersonState,
+    z: jax.Array,
+    fz: jax.Array,
+    k: jax.Array,
+    state_shape: tuple[int, ...],
+    pool: str,
+) -> HyperAndersonStep:
+    """Books ``(z, f(z))`` (the ``k``-th evaluation, ``k >= 1``) and proposes the next iterate.
+
+    Args:
+      net: the `HyperAndersonNet` describing the network.
+      params: its variables (concrete or traced).
+      state: the buffers (`hyper_anderson_init`).
+      z: the current iterate ``[B, D]``; ``fz`` its image.
+      k: evaluations of ``f`` made so far (an int scalar, may be traced).
+      state_shape: per-sample state shape (see `pool_residual`).
+      pool: ``"mean"`` or ``"last"``.
+
+    Returns:
+      A `HyperAndersonStep`.
+    """
+    n = state.fs.shape[1]
+    slot = (k - 1) % n
+    g = fz - z
+    fs = jax.lax.dynamic_update_index_in_dim(state.fs, fz, slot, axis=1)
+    gs = jax.lax.dynamic_update_index_in_dim(state.gs, g, slot, axis=1)
+    pooled = pool_residual(g, state_shape, pool).astype(z.dtype)  # [B, C]
+    feats = jnp.concatenate([state.feats[:, 1:], pooled[:, None]], axis=1)
+    norms = jnp.concatenate([state.norms[:, 1:], jnp.linalg.norm(g, axis=-1)[:, None]], axis=1)
+    valid = jnp.arange(n) >= n - jnp.minimum(k, n)  # [n], oldest first
+    a, beta = net.apply(params, history_features(feats, norms, valid), valid)
+    alpha_chron = normalize_alpha(a.astype(z.dtype), valid)
+    # Ring slot r holds the chronological position (r - slot - 1) % n.
+    alpha = jnp.take(alpha_chron, (jnp.arange(n) - slot - 1) % n, axis=1)
+    beta = beta.astype(z.dtype)
+    return HyperAndersonStep(
+        z_next=hyper_anderson_update(fs, gs, alpha, beta),
+        state=HyperAndersonState(fs, gs, feats, norms),
+        alpha=alpha,
+        beta=beta,
+        mixed_residual=jnp.einsum("bm,bmd->bd", alpha, gs),
+    )

@@ -1,0 +1,106 @@
+"""The learned initialiser ``h_phi``: the input injection mapped to a first state ``z0``.
+
+One small linen module per kind of state, each mapping the injection ``x [B, ..., C_in]``
+to ``[B, ..., features]`` (the same leading axes, the state's channels):
+
+* `SequenceInitializer` for ``[B, L, C]``: a causal 1-D convolution, ReLU, a linear layer.
+* `ImageInitializer` for ``[B, H, W, C]``: one 3x3 convolution.
+* `VectorInitializer` for ``[B, D]``: one linear layer.
+
+The last layer starts at zero weight and bias, so an untrained initialiser returns the
+zero state of a classic DEQ and training moves it towards the fixed points. Use it as
+``z0 = initializer.apply(init_params, x)`` for `deq_jax.fixed_point` or as the ``z0`` of
+a `deq_jax.nn.DEQ` call.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.1).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+INITIALIZER_KINDS = ("sequence", "image", "vector")
+
+_zeros = nn.initializers.zeros
+
+
+def _check_rank(x: jax.Array, rank: int, kind: str, layout: str) -> None:
+    if x.ndim != rank:
+        raise ValueError(f"{kind} takes inputs {layout}, got shape {x.shape}.")
+
+
+class SequenceInitializer(nn.Module):
+    """``[B, L, C_in] -> [B, L, features]``: causal conv, ReLU, linear.
+
+    Attributes:
+      features: the state's channels.
+      hidden: channels of the causal convolution (``features`` if ``None``).
+      kernel_size: width of the causal convolution (position ``t`` sees ``t - k + 1..t``).
+    """
+
+    features: int
+    hidden: int | None = None
+    kernel_size: int = 3
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _check_rank(x, 3, "SequenceInitializer", "[B, L, C]")
+        hidden = self.features if self.hidden is None else self.hidden
+        h = nn.Conv(hidden, (self.kernel_size,), padding=((self.kernel_size - 1, 0),))(x)
+        return nn.Dense(self.features, kernel_init=_zeros, bias_init=_zeros)(nn.relu(h))
+
+
+class ImageInitializer(nn.Module):
+    """``[B, H, W, C_in] -> [B, H, W, features]``: one 3x3 convolution.
+
+    Attributes:
+      features: the state's channels.
+      kernel_size: the square kernel's side.
+    """
+
+    features: int
+    kernel_size: int = 3
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _check_rank(x, 4, "ImageInitializer", "[B, H, W, C]")
+        k = (self.kernel_size, self.kernel_size)
+        return nn.Conv(self.features, k, padding="SAME", kernel_init=_zeros, bias_init=_zeros)(x)
+
+
+class VectorInitializer(nn.Module):
+    """``[B, D_in] -> [B, features]``: one linear layer.
+
+    Attributes:
+      features: the state size.
+    """
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        _check_rank(x, 2, "VectorInitializer", "[B, D]")
+        return nn.Dense(self.features, kernel_init=_zeros, bias_init=_zeros)(x)
+
+
+def make_initializer(kind: str, features: int, **options) -> nn.Module:
+    """The initialiser module of ``kind`` (``"sequence"``, ``"image"`` or ``"vector"``).
+
+    Args:
+      kind: the kind of state.
+      features: the state's channels (its size for vectors).
+      **options: the module's other fields (``hidden``, ``kernel_size``).
+
+    Raises:
+      ValueError: for an unknown kind (the valid ones are listed).
+    """
+    modules = {
+        "sequence": SequenceInitializer,
+        "image": ImageInitializer,
+        "vector": VectorInitializer,
+    }
+    if kind not in modules:
+        raise ValueError(f"kind must be one of {', '.join(INITIALIZER_KINDS)}, got {kind!r}.")
+    return modules[kind](features=features, **options)

@@ -1,0 +1,143 @@
+"""The HyperDEQ training objective: unrolled HyperAnderson steps against known fixed points.
+
+With the DEQ frozen and its fixed points ``z*`` known (from a long classic solve),
+the initialiser ``h_phi`` and the HyperAnderson network are trained by unrolling ``K``
+steps from ``z_0 = h_phi(x)`` (differentiably, with `jax.lax.scan`) and minimising
+
+    l1 * sum_k w_k ||z_k - z*||^2  +  l2 * ||z_0 - z*||^2  +  l3 * sum_k ||G_k alpha_k||^2,
+
+each squared norm per sample and averaged over the batch. The weights ``w_k`` grow
+linearly with ``k`` and sum to one (later iterates matter more); the last term, Anderson's
+own objective, guides the early training of ``alpha`` and is decayed linearly to zero
+(`linear_decay`).
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from deq_jax.neural_solver.solver import neural_solver
+
+
+class Unrolled(NamedTuple):
+    """``K`` unrolled HyperAnderson steps (leading axis ``K``)."""
+
+    zs: jax.Array  # [K, B, D] iterates z_1 .. z_K
+    mixed_residual_sq: jax.Array  # [K, B] ||G_k alpha_k||^2
+    alphas: jax.Array  # [K, B, m + 1] in ring order
+    betas: jax.Array  # [K, B]
+
+
+def step_weights(steps: int, dtype: Any = jnp.float32) -> jax.Array:
+    """``w_k = k / sum_j j`` for ``k = 1..steps``: increasing, summing to one, ``[steps]``."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}.")
+    k = jnp.arange(1, steps + 1, dtype=dtype)
+    return k / jnp.sum(k)
+
+
+def linear_decay(value: float, step: int, total: int, final: float = 0.0) -> float:
+    """``value`` at ``step = 0`` going linearly to ``final`` at ``step >= total``.
+
+    The schedule of ``l3`` (the ``||G alpha||^2`` term) over training.
+    """
+    if total < 1:
+        raise ValueError(f"total must be >= 1, got {total!r}.")
+    frac = min(max(step / total, 0.0), 1.0)
+    return value + (final - value) * frac
+
+
+def unroll(
+    solver: neural_solver,
+    params: Any,
+    fn: Callable[[jax.Array], jax.Array],
+    z0: jax.Array,
+    steps: int,
+) -> Unrolled:
+    """``steps`` HyperAnderson steps from ``z0 [B, D]``, reverse-differentiable.
+
+    Args:
+      solver: supplies the hyper-parameters (its own weights are not used).
+      params: the network's variables, possibly traced (the ones being trained).
+      fn: the frozen map ``[B, D] -> [B, D]``.
+      z0: the first iterate.
+      steps: ``K``, the number of proposals (``K`` evaluations of ``fn``).
+
+    Returns:
+      `Unrolled` with the iterates ``z_1 .. z_K``.
+    """
+
+    def body(carry, k):
+        z, aux = carry
+        out = solver.step(params, aux, z, fn(z), k)
+        sq = jnp.sum(out.mixed_residual**2, axis=-1)
+        return (out.z_next, out.state), (out.z_next, sq, out.alpha, out.beta)
+
+    carry = (z0, solver.init(z0))
+    ks = jnp.arange(1, steps + 1, dtype=jnp.int32)
+    _, (zs, sq, alphas, betas) = jax.lax.scan(body, carry, ks)
+    return Unrolled(zs, sq, alphas, betas)
+
+
+def neural_solver_loss(
+    params: Any,
+    solver: neural_solver,
+    initializer: nn.Module,
+    f: Callable[[jax.Array, Any], jax.Array],
+    args: Any,
+    x: jax.Array,
+    z_star: jax.Array,
+    *,
+    steps: int,
+    l1: float = 1.0,
+    l2: float = 1.0,
+    l3: float | jax.Array = 0.0,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The HyperDEQ loss of one batch and its parts.
+
+    Args:
+      params: ``{"solver": network variables, "init": initialiser variables}``.
+      solver: the `neural_solver` giving the hyper-parameters.
+      initializer: the ``h_phi`` module (`deq_jax.neural_solver.make_initializer`).
+      f: the frozen cell, ``f(z, args) -> z`` on states ``[B, *state_shape]``.
+      args: the cell's arguments (no gradient reaches them).
+      x: the injection ``h_phi`` reads.
+      z_star: the known fixed points ``[B, *state_shape]``.
+      steps: ``K`` unrolled steps.
+      l1, l2, l3: weights of the convergence, initialisation and ``||G alpha||^2``
+        terms.
+
+    Returns:
+      ``(loss, metrics)`` with metrics ``conv``, ``init``, ``alpha`` (the three terms
+      before weighting) and ``final_rel_error`` (``||z_K - z*|| / ||z*||``, batch mean).
+
+    Raises:
+      ValueError: if ``h_phi(x)`` does not have the shape of ``z_star``.
+    """
+    args = jax.lax.stop_gradient(args)
+    z_star = jax.lax.stop_gradient(z_star)
+    z0 = initializer.apply(params["init"], x)
+    if z0.shape != z_star.shape:
+        raise ValueError(
+            f"The initialiser maps x {x.shape} to {z0.shape}, but z_star is {z_star.shape}."
+        )
+    shape, batch = z_star.shape, z_star.shape[0]
+    fn = lambda z: jnp.reshape(f(jnp.reshape(z, shape), args), (batch, -1))
+    target = jnp.reshape(z_star, (batch, -1))
+    out = unroll(solver, params["solver"], fn, jnp.reshape(z0, (batch, -1)), steps)
+    err = jnp.mean(jnp.sum((out.zs - target) ** 2, axis=-1), axis=-1)  # [K]
+    conv = jnp.sum(step_weights(steps, err.dtype) * err)
+    init = jnp.mean(jnp.sum((jnp.reshape(z0, (batch, -1)) - target) ** 2, axis=-1))
+    alpha = jnp.sum(jnp.mean(out.mixed_residual_sq, axis=-1))
+    loss = l1 * conv + l2 * init + l3 * alpha
+    final = jnp.linalg.norm(out.zs[-1] - target, axis=-1) / jnp.linalg.norm(target, axis=-1)
+    metrics = {"conv": conv, "init": init, "alpha": alpha, "final_rel_error": jnp.mean(final)}
+    return loss, metrics

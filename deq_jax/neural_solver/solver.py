@@ -1,0 +1,200 @@
+"""`neural_solver`: HyperAnderson iterations with trained weights, a `Solver` like any other.
+
+The solver is a frozen, hashable dataclass: its hyper-parameters and its trained
+weights (held by value in a `FrozenParams`, hashed by content). It therefore passes
+through `deq_jax.fixed_point`, the ``custom_vjp`` of `deq_jax.backward.ift` (as a
+non-differentiable argument), ``jax.jit`` (as a closed-over constant or a static
+argument) and `deq_jax.nn.DEQ` exactly like `deq_jax.solvers.anderson`; the weights are
+constants of the compiled solve. It shares the loop, per-sample stopping and statistics
+of every solver (`deq_jax.solvers.loop`).
+
+The learned initialiser ``h_phi`` is not part of the solver (a solver only sees
+``z0``): compute ``z0 = initializer.apply(init_params, x)`` and pass it as ``z0`` to
+`deq_jax.fixed_point` or to a `deq_jax.nn.DEQ` call.
+
+The backward linear system of `deq_jax.backward.ift` differs from the forward problem
+the network was trained on; give ``ift`` its own classic solver, e.g.
+``ift(solver=anderson(tol=1e-6))``.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from deq_jax.neural_solver.hyper_anderson import (
+    EXTRA_FEATURES,
+    POOLS,
+    HyperAndersonNet,
+    hyper_anderson_init,
+    hyper_anderson_step,
+)
+from deq_jax.neural_solver.params import FrozenParams
+from deq_jax.solvers.base import Solver
+
+
+def _specs(tree: Any) -> Any:
+    return jax.tree_util.tree_map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype).name), tree)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class neural_solver(Solver):  # noqa: N801 - registry name is the constructor name
+    """A HyperAnderson solver with trained weights.
+
+    Build an untrained one with `init_neural_solver`, train it with
+    `deq_jax.neural_solver.train_neural_solver`, then use it as any solver::
+
+        sol = dj.fixed_point(f, z0, args, solver=trained,
+                             backward=dj.backward.ift(solver=dj.solvers.anderson(tol=1e-6)))
+
+    Attributes:
+      params: the `HyperAndersonNet` variables; a pytree of concrete arrays is wrapped
+        in a `FrozenParams` on construction.
+      state_shape: the per-sample state shape, channels last: ``(D,)``, ``(L, C)`` or
+        ``(H, W, C)``. The solve's state must be one array of shape ``[B, *state_shape]``
+        (any pytree state of that total size is accepted with ``state_shape=(D,)``).
+      m: history size is ``m + 1`` (the current iterate and ``m`` past ones).
+      hidden: channels of the network's temporal convolutions.
+      kernel_size: width of the temporal convolutions.
+      pool: how a residual is compressed per sample: ``"mean"`` (global average over
+        the non-channel axes) or ``"last"`` (the last token of a sequence).
+      tol, max_iter, stop_mode: see `Solver`.
+
+    References:
+      Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+    """
+
+    params: Any
+    state_shape: tuple[int, ...]
+    m: int = 5
+    hidden: int = 32
+    kernel_size: int = 3
+    pool: str = "mean"
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "state_shape", _check_hyper(self))
+        params = FrozenParams(self.params)
+        expected = _specs(
+            init_params(
+                jax.random.PRNGKey(0),
+                m=self.m,
+                hidden=self.hidden,
+                kernel_size=self.kernel_size,
+                channels=self.state_shape[-1],
+                abstract=True,
+            )
+        )
+        if params.specs != expected:
+            raise ValueError(
+                "params do not match the network of this solver (hidden, kernel_size, "
+                f"state_shape[-1]): expected {expected}, got {params.specs}."
+            )
+        object.__setattr__(self, "params", params)
+
+    @property
+    def net(self) -> HyperAndersonNet:
+        """The network whose variables are ``params``."""
+        return HyperAndersonNet(hidden=self.hidden, kernel_size=self.kernel_size)
+
+    @property
+    def variables(self) -> Any:
+        """The network's variables as a pytree of arrays."""
+        return self.params.tree
+
+    def with_params(self, params: Any) -> neural_solver:
+        """A copy with other (e.g. freshly trained) network variables."""
+        return dataclasses.replace(self, params=params)
+
+    def init(self, z0):
+        return hyper_anderson_init(z0, self.m, self.state_shape[-1])
+
+    def propose(self, aux, z, fz, k):
+        return self.step(self.variables, aux, z, fz, k)[:2]
+
+    def step(self, params, aux, z, fz, k):
+        """The full `HyperAndersonStep` with explicit (possibly traced) ``params``."""
+        return hyper_anderson_step(self.net, params, aux, z, fz, k, self.state_shape, self.pool)
+
+
+def _check_hyper(hyper: Any) -> tuple[int, ...]:
+    """Validates the network hyper-parameters; returns ``state_shape`` as a tuple."""
+    shape = tuple(hyper.state_shape)
+    if not shape or not all(isinstance(s, int) and s >= 1 for s in shape):
+        raise ValueError(f"state_shape must be positive ints, got {hyper.state_shape!r}.")
+    for name in ("m", "hidden", "kernel_size"):
+        value = getattr(hyper, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    if hyper.pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {hyper.pool!r}.")
+    if hyper.pool == "last" and len(shape) != 2:
+        raise ValueError(f"pool='last' needs a sequence state (L, C), got {shape}.")
+    return shape
+
+
+def init_params(
+    key: jax.Array,
+    *,
+    m: int,
+    hidden: int,
+    kernel_size: int,
+    channels: int,
+    abstract: bool = False,
+) -> Any:
+    """Fresh `HyperAndersonNet` variables.
+
+    Args:
+      key: PRNG key.
+      m: history size minus one.
+      hidden: channels of the temporal convolutions.
+      kernel_size: width of the temporal convolutions.
+      channels: the pooled residual size, ``state_shape[-1]``.
+      abstract: return shape structs only (no computation).
+    """
+    net = HyperAndersonNet(hidden=hidden, kernel_size=kernel_size)
+    n = m + 1
+    x = jnp.zeros((1, n, channels + EXTRA_FEATURES))
+    valid = jnp.ones((n,), bool)
+    if abstract:
+        return jax.eval_shape(net.init, key, x, valid)
+    return net.init(key, x, valid)
+
+
+def init_neural_solver(key: jax.Array, state_shape: tuple[int, ...], **hyper: Any) -> neural_solver:
+    """An untrained `neural_solver` (uniform mixing, ``beta = 1/2``) for ``state_shape``.
+
+    Args:
+      key: PRNG key of the network's initialisation.
+      state_shape: the per-sample state shape, channels last.
+      **hyper: the other `neural_solver` fields (``m``, ``hidden``, ``kernel_size``,
+        ``pool``, ``tol``, ``max_iter``, ``stop_mode``).
+
+    Returns:
+      A `neural_solver` with freshly initialised weights.
+
+    Raises:
+      ValueError: on an unknown keyword (the valid ones are listed) or a bad value.
+    """
+    fields = {f.name: f for f in dataclasses.fields(neural_solver)}
+    names = sorted(set(fields) - {"params", "state_shape"})
+    unknown = sorted(set(hyper) - set(names))
+    if unknown:
+        raise ValueError(f"Unknown neural_solver keyword(s) {unknown}; valid: {', '.join(names)}.")
+    merged = {name: hyper.get(name, fields[name].default) for name in names}
+    shape = _check_hyper(SimpleNamespace(state_shape=state_shape, **merged))
+    params = init_params(
+        key,
+        m=merged["m"],
+        hidden=merged["hidden"],
+        kernel_size=merged["kernel_size"],
+        channels=shape[-1],
+    )
+    return neural_solver(params=params, state_shape=shape, **hyper)

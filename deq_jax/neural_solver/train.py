@@ -1,0 +1,115 @@
+"""`train_neural_solver`: fits ``h_phi`` and HyperAnderson to a frozen DEQ with optax.
+
+A small, self-contained loop over batches of ``(cell args, injection, z*)``: one jitted
+Adam step on `deq_jax.neural_solver.neural_solver_loss` per batch, with the
+``||G alpha||^2`` weight decayed linearly to zero over the run. It returns the trained
+solver (weights frozen into a new `neural_solver`) and the initialiser's variables.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+
+from deq_jax.neural_solver.loss import linear_decay, neural_solver_loss
+from deq_jax.neural_solver.solver import neural_solver
+
+
+class TrainedNeuralSolver(NamedTuple):
+    """The result of `train_neural_solver`.
+
+    Attributes:
+      solver: the `neural_solver` with the trained network weights.
+      init_params: the trained initialiser's variables (``initializer.apply(init_params, x)``).
+      losses: ``[num_steps]`` training loss per step (host array).
+    """
+
+    solver: neural_solver
+    init_params: Any
+    losses: np.ndarray
+
+
+def train_neural_solver(
+    solver: neural_solver,
+    initializer: nn.Module,
+    f: Callable[[Any, Any], Any],
+    batches: Iterable[tuple[Any, Any, Any]],
+    *,
+    num_steps: int,
+    key: jax.Array,
+    steps: int = 6,
+    optimizer: optax.GradientTransformation | None = None,
+    l1: float = 1.0,
+    l2: float = 1.0,
+    l3: float = 0.1,
+    init_params: Any = None,
+) -> TrainedNeuralSolver:
+    """Trains the solver's network and the initialiser on a frozen cell.
+
+    Args:
+      solver: the starting `neural_solver` (e.g. `init_neural_solver`); its weights are
+        the starting point and its hyper-parameters are kept.
+      initializer: the ``h_phi`` module.
+      f: the frozen cell ``f(z, args) -> z`` on states ``[B, *state_shape]``.
+      batches: yields ``(args, x, z_star)``: the cell's arguments, the injection read
+        by ``h_phi`` and the known fixed points; at least ``num_steps`` batches of a
+        fixed shape (one compilation).
+      num_steps: optimisation steps.
+      key: PRNG key of the initialiser's variables (when ``init_params`` is ``None``).
+      steps: ``K``, the unrolled HyperAnderson steps per example.
+      optimizer: an optax optimiser; Adam with learning rate ``1e-3`` by default.
+      l1, l2: weights of the convergence and initialisation terms.
+      l3: starting weight of the ``||G alpha||^2`` term, decayed linearly to zero.
+      init_params: starting initialiser variables, if any.
+
+    Returns:
+      A `TrainedNeuralSolver`.
+
+    Raises:
+      ValueError: if ``batches`` runs out before ``num_steps``.
+    """
+    if optimizer is None:
+        optimizer = optax.adam(1e-3)
+    it = iter(batches)
+    first = next(it, None)
+    if first is None:
+        raise ValueError("batches is empty.")
+    if init_params is None:
+        init_params = initializer.init(key, first[1])
+    params = {"solver": solver.variables, "init": init_params}
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def update(params, opt_state, batch, l3_now):
+        args, x, z_star = batch
+        loss_fn = lambda p: neural_solver_loss(
+            p, solver, initializer, f, args, x, z_star, steps=steps, l1=l1, l2=l2, l3=l3_now
+        )
+        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    losses = []
+    batch = first
+    for step in range(num_steps):
+        if step > 0:
+            batch = next(it, None)
+            if batch is None:
+                raise ValueError(f"batches ran out after {step} of {num_steps} steps.")
+        params, opt_state, loss = update(
+            params, opt_state, batch, linear_decay(l3, step, num_steps)
+        )
+        losses.append(loss)
+    return TrainedNeuralSolver(
+        solver=solver.with_params(params["solver"]),
+        init_params=params["init"],
+        losses=np.asarray(jax.device_get(losses)),
+    )

@@ -1,0 +1,166 @@
+"""The maze DEQ: shapes on two maze sizes, mixed initialisation, gradients, bad input,
+and the smoke maze config end to end."""
+
+import json
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import mazes as maze_config
+from deq_jax import backward, solvers
+from deq_jax.nn import models
+from deq_jax.nn.maze_model import MazeDEQ
+from deq_jax.tasks.mazes import MazeConfig, image_size, load
+from deq_jax.training import train_and_evaluate, writers
+
+WIDTH = 8
+
+
+def _images(size: int, count: int) -> tuple[jax.Array, jax.Array]:
+    config = MazeConfig(train_size=4, test_maze_sizes=(size,), test_size=count)
+    split = load(f"test_{size}", config=config)
+    return jnp.asarray(split["inputs"]), jnp.asarray(split["targets"])
+
+
+def _count(params) -> int:
+    return sum(int(np.prod(p.shape)) for p in jax.tree_util.tree_leaves(params))
+
+
+def _model(**fields) -> MazeDEQ:
+    fields = {
+        "width": WIDTH,
+        "num_blocks": 1,
+        "solver": solvers.anderson(tol=1e-3, max_iter=6),
+        "backward": backward.jacobian_free(),
+        **fields,
+    }
+    return models.get("maze_deq", **fields)
+
+
+def test_registered_by_name():
+    assert "maze_deq" in models.names()
+    assert isinstance(models.get("maze_deq"), MazeDEQ)
+
+
+def test_shapes_and_parameter_count_on_two_maze_sizes():
+    model = _model()
+    x5, _ = _images(5, 3)
+    variables = jax.jit(lambda k, x: model.init(k, x, train=False))(jax.random.key(0), x5)
+    n_params = _count(variables["params"])
+    w = WIDTH  # project + cell (input conv, one residual block) + head (w, w // 2, 2)
+    cell = 9 * 2 * w * w + 2 * 9 * w * w
+    head = 9 * w * w + 9 * w * (w // 2) + 9 * (w // 2) * 2
+    assert n_params == 9 * 3 * w + cell + head
+    apply = jax.jit(lambda v, x: model.apply(v, x, train=False))
+    for size in (5, 9):  # the same parameters on 16x16 and 24x24 images
+        x, _ = _images(size, 3)
+        side = image_size(size)
+        logits, stats = apply(variables, x)
+        chex.assert_shape(logits, (3, side, side, 2))
+        chex.assert_shape(stats.nstep, (3,))
+        chex.assert_tree_all_finite(logits)
+
+
+def test_layer_norm_adds_scale_and_bias_per_convolution():
+    x, _ = _images(5, 2)
+    shapes = lambda model: jax.eval_shape(
+        lambda k: model.init(k, x, train=False)["params"], jax.random.key(0)
+    )
+    plain, normed = shapes(_model()), shapes(_model(norm="layer"))
+    assert _count(normed) - _count(plain) == 3 * 2 * WIDTH  # three convs in the cell
+
+
+def test_mixed_init_starts_half_the_batch_from_zeros():
+    x, _ = _images(5, 4)
+    one_step = solvers.fixed_point_iteration(tol=1e-12, max_iter=1)
+    zeros, mixed = _model(solver=one_step), _model(solver=one_step, z_init="mixed")
+    variables = zeros.init(jax.random.key(0), x, train=False)
+    from_zeros, _ = zeros.apply(variables, x, train=False)
+    with pytest.raises(ValueError, match="z0"):
+        mixed.apply(variables, x, train=False)
+    apply = jax.jit(lambda v, x, k: mixed.apply(v, x, train=False, rngs={"z0": k}))
+    for seed in range(3):
+        logits, _ = apply(variables, x, jax.random.key(seed))
+        same = jnp.all(jnp.isclose(logits, from_zeros, atol=1e-6), axis=(1, 2, 3))  # [B]
+        assert int(same.sum()) == 2, seed  # exactly half start at zero after one step
+
+
+def test_explicit_zero_start_matches_zeros_init():
+    x, _ = _images(5, 2)
+    model = _model(z_init="mixed")
+    variables = model.init({"params": jax.random.key(0), "z0": jax.random.key(1)}, x, train=False)
+    z0 = jnp.zeros(x.shape[:-1] + (WIDTH,))
+    given, _ = model.apply(variables, x, train=False, z0=z0)
+    expected, _ = _model().apply(variables, x, train=False)
+    chex.assert_trees_all_close(given, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [backward.jacobian_free(), backward.ift()])
+def test_gradient_is_finite_and_reaches_every_part(mode):
+    x, y = _images(5, 2)
+    model = _model(backward=mode, z_init="mixed", norm="layer")
+    rngs = {"params": jax.random.key(0), "z0": jax.random.key(1)}
+    params = model.init(rngs, x, train=True)["params"]
+
+    def loss(p):
+        logits, _ = model.apply({"params": p}, x, train=True, rngs={"z0": jax.random.key(2)})
+        labels = jax.nn.one_hot(y, 2)
+        return -jnp.mean(jnp.sum(labels * jax.nn.log_softmax(logits), axis=-1))
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    assert np.isfinite(float(value))
+    chex.assert_tree_all_finite(grads)
+    for part in ("project", "cell", "head_0", "head_out"):
+        norm = sum(float(jnp.sum(g**2)) for g in jax.tree_util.tree_leaves(grads[part]))
+        assert norm > 0, part
+
+
+def test_bad_input_rank_raises():
+    model = _model()
+    x, _ = _images(5, 2)
+    variables = model.init(jax.random.key(0), x, train=False)
+    with pytest.raises(ValueError, match=r"\[B, H, W, C\]"):
+        model.apply(variables, x[..., 0], train=False)
+    with pytest.raises(ValueError, match=r"\[B, H, W, C\]"):
+        model.init(jax.random.key(0), x[0], train=False)
+
+
+def test_config_sections_and_commands():
+    full, smoke = maze_config.get_config(), maze_config.get_config("smoke")
+    assert full.task.name == "mazes" and full.model.name == "maze_deq"
+    assert full.task.train_maze_size == 9 and 13 in full.task.test_maze_sizes
+    assert full.model.z_init == "mixed" and full.backward.name == "jacobian_free"
+    assert smoke.train.steps < full.train.steps and smoke.model.width < full.model.width
+    assert smoke.ckpt.every_steps <= smoke.train.steps
+    assert "python -m launch.main --config configs/mazes.py --workdir" in maze_config.__doc__
+    assert "--config configs/mazes.py:smoke" in maze_config.__doc__
+    with pytest.raises(ValueError, match="smoke"):
+        maze_config.get_config("huge")
+
+
+def test_smoke_config_runs_end_to_end(tmp_path):
+    config = maze_config.get_config("smoke")
+    config.task.data_dir = str(tmp_path / "data")
+    workdir = str(tmp_path / "run")
+    lines = []
+    result = train_and_evaluate(config, workdir, emit=lines.append)
+    assert result.step == config.train.steps
+    saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+    assert saved and saved[-1] == config.train.steps
+    train = [r for r in writers.read_metrics(workdir) if r["split"] == "train"]
+    assert train and all(np.isfinite(train[-1][k]) for k in ("loss", "grad_norm", "nstep_mean"))
+    with open(os.path.join(workdir, "length_generalization.json")) as f:
+        report = json.load(f)
+    base = config.model.train_max_iter
+    assert report["budgets"] == {f"{m}x": m * base for m in config.eval.budget_multipliers}
+    splits = {f"test_{s}" for s in config.task.test_maze_sizes}
+    for by_split in report["report"].values():
+        assert set(by_split) == splits
+        for metrics in by_split.values():
+            assert 0 <= metrics["maze_accuracy"] <= metrics["pixel_accuracy"] <= 1
+            assert metrics["count"] == config.task.test_size
+    assert any("Per-length accuracy" in line for line in lines)

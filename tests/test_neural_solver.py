@@ -1,0 +1,276 @@
+"""Neural deep equilibrium solvers: initialisers, HyperAnderson kernels, the solver, training."""
+
+import functools
+import itertools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import deq_jax as dj
+from deq_jax import neural_solver as ns
+from deq_jax.nn.cells import MLPCell
+from deq_jax.nn.deq import DEQ
+
+D, DX, B = 16, 8, 16
+
+
+# ----------------------------------------------------------------------------- initialisers
+
+
+@pytest.mark.parametrize(
+    "kind, x_shape, z_shape",
+    [
+        ("sequence", (2, 7, 3), (2, 7, 5)),
+        ("image", (2, 6, 4, 3), (2, 6, 4, 5)),
+        ("vector", (2, 3), (2, 5)),
+    ],
+)
+def test_initializer_shapes_and_zero_start(kind, x_shape, z_shape):
+    h = ns.make_initializer(kind, features=5)
+    x = jax.random.normal(jax.random.PRNGKey(0), x_shape)
+    variables = h.init(jax.random.PRNGKey(1), x)
+    z0 = h.apply(variables, x)
+    chex.assert_shape(z0, z_shape)
+    np.testing.assert_array_equal(z0, 0.0)  # untrained: the zero state of a classic DEQ
+    noisy = jax.tree_util.tree_map(
+        lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(2), p.shape), variables
+    )
+    assert float(jnp.max(jnp.abs(h.apply(noisy, x)))) > 0
+
+
+def test_sequence_initializer_is_causal():
+    h = ns.SequenceInitializer(features=4, kernel_size=3)
+    x = jax.random.normal(jax.random.PRNGKey(0), (1, 9, 2))
+    variables = h.init(jax.random.PRNGKey(1), x)
+    variables = jax.tree_util.tree_map(
+        lambda p: p + jax.random.normal(jax.random.PRNGKey(2), p.shape), variables
+    )
+    changed = x.at[:, 5].add(1.0)
+    diff = jnp.abs(h.apply(variables, changed) - h.apply(variables, x))[0].sum(-1)  # [L]
+    np.testing.assert_array_equal(diff[:5], 0.0)
+    assert float(diff[5]) > 0
+
+
+def test_initializer_bad_input():
+    with pytest.raises(ValueError, match="sequence, image, vector"):
+        ns.make_initializer("graph", features=3)
+    h = ns.make_initializer("image", features=3)
+    with pytest.raises(ValueError, match=r"\[B, H, W, C\]"):
+        h.init(jax.random.PRNGKey(0), jnp.zeros((2, 5, 3)))
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+def test_normalize_alpha_known_answers():
+    a = jnp.array([[1.0, 2.0, 7.0], [0.0, 0.0, -3.0]])
+    first = ns.normalize_alpha(a[:1], jnp.array([True, True, False]))
+    np.testing.assert_allclose(first, [[0.0, 1.0, 0.0]], atol=1e-6)  # shift (1 - 3) / 2
+    second = ns.normalize_alpha(a[1:], jnp.ones(3, bool))
+    np.testing.assert_allclose(second, [[4 / 3, 4 / 3, -5 / 3]], atol=1e-6)  # negative kept
+
+
+def test_normalize_alpha_sums_to_one():
+    a = 3.0 * jax.random.normal(jax.random.PRNGKey(0), (64, 6))
+    for n_valid in range(1, 7):
+        valid = jnp.arange(6) >= 6 - n_valid
+        alpha = ns.normalize_alpha(a, valid)
+        np.testing.assert_allclose(jnp.sum(alpha, axis=1), 1.0, atol=1e-5)
+        np.testing.assert_array_equal(alpha[:, ~np.asarray(valid)], 0.0)
+    assert float(jnp.min(ns.normalize_alpha(a, jnp.ones(6, bool)))) < 0
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.6])
+def test_update_with_least_squares_weights_is_anderson_step(beta):
+    kf, kg = jax.random.split(jax.random.PRNGKey(0))
+    fs = jax.random.normal(kf, (4, 5, 12))
+    gs = jax.random.normal(kg, (4, 5, 12))
+    gram = jnp.einsum("bmd,bnd->bmn", gs, gs)
+    alpha = dj.solvers.anderson_weights(gram, jnp.ones(5, bool), 1e-4)
+    ours = ns.hyper_anderson_update(fs, gs, alpha, jnp.full((4,), beta))
+    np.testing.assert_allclose(ours, dj.solvers.anderson_step(fs, gs, alpha, beta), atol=1e-5)
+
+
+def test_pool_residual():
+    g = jnp.arange(2 * 3 * 4, dtype=jnp.float32).reshape(2, 12)
+    seq = g.reshape(2, 3, 4)
+    np.testing.assert_allclose(ns.pool_residual(g, (3, 4), "mean"), seq.mean(1))
+    np.testing.assert_allclose(ns.pool_residual(g, (3, 4), "last"), seq[:, -1])
+    np.testing.assert_allclose(ns.pool_residual(g, (12,), "mean"), g)
+    with pytest.raises(ValueError, match="values per sample"):
+        ns.pool_residual(g, (5,), "mean")
+
+
+class _PickNet:
+    """Stands in for the network: all weight on one chronological slot, ``beta = 1``."""
+
+    def __init__(self, oldest: bool):
+        self.oldest = oldest
+
+    def apply(self, params, x, valid):
+        n = valid.shape[0]
+        pick = jnp.argmax(valid) if self.oldest else n - 1
+        a = jnp.broadcast_to(jnp.arange(n) == pick, x.shape[:2]).astype(x.dtype)
+        return a, jnp.ones(x.shape[:1], x.dtype)
+
+
+@pytest.mark.parametrize("oldest", [False, True])
+def test_step_maps_history_to_ring_slots(oldest):
+    """Weight on the newest slot gives f(z_k); on the oldest valid slot, f(z_{k-m})."""
+    m, d = 3, 6
+    f = lambda z: jnp.cos(z) + 0.1 * z
+    z = jax.random.normal(jax.random.PRNGKey(0), (2, d))
+    state = ns.hyper_anderson_init(z, m, d)
+    images = []
+    for k in range(1, 10):
+        fz = f(z)
+        images.append(fz)
+        out = ns.hyper_anderson_step(_PickNet(oldest), None, state, z, fz, k, (d,), "mean")
+        want = images[max(k - 1 - m, 0)] if oldest else fz
+        np.testing.assert_allclose(out.z_next, want, atol=1e-6)
+        np.testing.assert_allclose(jnp.sum(out.alpha, axis=1), 1.0, atol=1e-6)
+        state, z = out.state, z + 0.3 * (out.z_next - z)
+
+
+def test_step_weights_and_decay():
+    w = ns.step_weights(4)
+    np.testing.assert_allclose(w, [0.1, 0.2, 0.3, 0.4], atol=1e-7)
+    assert ns.linear_decay(0.5, 0, 100) == 0.5
+    assert ns.linear_decay(0.5, 50, 100) == pytest.approx(0.25)
+    assert ns.linear_decay(0.5, 150, 100) == 0.0
+
+
+# ----------------------------------------------------------------------------- the solver
+
+
+def test_solver_is_hashable_by_content_and_validates():
+    key = jax.random.PRNGKey(0)
+    a = ns.init_neural_solver(key, (D,), m=4)
+    b = ns.init_neural_solver(key, (D,), m=4)
+    c = ns.init_neural_solver(jax.random.PRNGKey(1), (D,), m=4)
+    assert a == b and hash(a) == hash(b) and a != c
+    assert a.replace(max_iter=7).max_iter == 7
+    with pytest.raises(ValueError, match="Unknown neural_solver keyword"):
+        ns.init_neural_solver(key, (D,), memory=3)
+    with pytest.raises(ValueError, match="do not match the network"):
+        ns.neural_solver(params=a.variables, state_shape=(D,), m=4, hidden=8)
+    with pytest.raises(ValueError, match="pool='last'"):
+        ns.init_neural_solver(key, (D,), pool="last")
+    with pytest.raises(ValueError, match="concrete arrays"):
+        jax.jit(lambda p: ns.neural_solver(params=p, state_shape=(D,), m=4).max_iter)(a.variables)
+    with pytest.raises(ValueError, match="values per sample"):
+        dj.fixed_point(lambda z, _: jnp.cos(z), jnp.zeros((2, D + 1)), solver=a)
+
+
+@pytest.mark.parametrize(
+    "state_shape, pool", [((5, 3), "last"), ((5, 3), "mean"), ((4, 4, 2), "mean")]
+)
+def test_untrained_solver_runs_on_structured_states(state_shape, pool):
+    solver = ns.init_neural_solver(jax.random.PRNGKey(0), state_shape, pool=pool, max_iter=12)
+    z0 = jnp.zeros((3, *state_shape))
+    sol = jax.jit(lambda z: dj.fixed_point(lambda z, a: 0.5 * jnp.cos(z), z, solver=solver))(z0)
+    chex.assert_shape(sol.value, z0.shape)
+    chex.assert_tree_all_finite(sol.value)
+    first = 0.5 * np.sqrt(np.prod(state_shape))  # ||f(0) - 0||
+    np.testing.assert_array_less(sol.stats.abs_residual, 0.1 * first)
+
+
+# ----------------------------------------------------------------------------- trained on a DEQ
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A neural solver and initialiser trained for 300 steps on a frozen MLP-cell DEQ."""
+    k_model, k_solver, k_init, k_test, k_data = jax.random.split(jax.random.PRNGKey(0), 5)
+    model = DEQ(MLPCell(features=D), solver=dj.solvers.anderson(tol=1e-7, max_iter=200))
+    variables = model.init(k_model, jnp.zeros((B, DX)), train=False)
+    problem = model.apply(variables, jnp.zeros((B, DX)), train=False, method=DEQ.problem)
+    f, cell_vars = problem.f, problem.args[0]
+    truth = dj.solvers.anderson(tol=1e-7, max_iter=200, stop_mode="abs")
+
+    @jax.jit
+    def batch(key):
+        x = 2.0 * jax.random.normal(key, (B, DX))
+        args = (cell_vars, x, None)
+        return args, x, dj.fixed_point(f, jnp.zeros((B, D)), args, solver=truth).value
+
+    batches = [batch(k) for k in jax.random.split(k_data, 4)]
+    untrained = ns.init_neural_solver(k_solver, (D,), tol=1e-4, max_iter=60)
+    h_phi = ns.make_initializer("vector", features=D)
+    result = ns.train_neural_solver(
+        untrained,
+        h_phi,
+        f,
+        itertools.cycle(batches),
+        num_steps=300,
+        key=k_init,
+        steps=8,
+        optimizer=optax.adam(3e-3),
+    )
+    return dict(
+        model=model,
+        variables=variables,
+        f=f,
+        untrained=untrained,
+        h_phi=h_phi,
+        result=result,
+        test=batch(k_test),
+    )
+
+
+def test_training_reduces_loss(trained):
+    losses = trained["result"].losses
+    assert losses.shape == (300,) and np.all(np.isfinite(losses))
+    assert losses[-20:].mean() < 0.5 * losses[:20].mean()
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))  # the solver is hashable: a static arg
+def _solve(f, z0, args, solver):
+    return dj.fixed_point(f, z0, args, solver=solver)
+
+
+def test_trained_solver_converges_to_anderson_fixed_point(trained):
+    f, (args, x, z_star) = trained["f"], trained["test"]
+    solver = trained["result"].solver
+    z0 = trained["h_phi"].apply(trained["result"].init_params, x)
+    sol = _solve(f, z0, args, solver)
+    assert bool(jnp.all(sol.stats.converged))
+    np.testing.assert_array_less(sol.stats.rel_residual, solver.tol)
+    ref = _solve(f, jnp.zeros_like(z0), args, dj.solvers.anderson(tol=1e-4, max_iter=60))
+    np.testing.assert_allclose(sol.value, ref.value, atol=2e-3)
+    np.testing.assert_allclose(sol.value, z_star, atol=2e-3)
+
+
+def test_training_reduces_solver_steps(trained):
+    f, (args, x, _) = trained["f"], trained["test"]
+    res = trained["result"]
+    zeros = jnp.zeros((B, D))
+    before = _solve(f, zeros, args, trained["untrained"]).stats.nstep
+    after = _solve(f, trained["h_phi"].apply(res.init_params, x), args, res.solver).stats.nstep
+    assert float(jnp.mean(after)) < 0.5 * float(jnp.mean(before))
+
+
+def test_deq_gradient_with_neural_solver_matches_anderson(trained):
+    model, variables = trained["model"], trained["variables"]
+    (_, x, _), res = trained["test"], trained["result"]
+    z0 = trained["h_phi"].apply(res.init_params, x)
+    backward = dj.backward.ift(solver=dj.solvers.anderson(tol=1e-7, max_iter=100))
+
+    def grads(solver, z0):
+        deq = DEQ(model.cell, solver=solver, backward=backward)
+
+        @jax.jit
+        def loss(v):
+            z, _ = deq.apply(v, x, z0, train=False)
+            return jnp.sum(z**2) / B
+
+        return jax.grad(loss)(variables)
+
+    neural = grads(res.solver.replace(tol=1e-6, max_iter=100), z0)
+    classic = grads(dj.solvers.anderson(tol=1e-6, max_iter=100), jnp.zeros_like(z0))
+    chex.assert_tree_all_finite(neural)
+    chex.assert_trees_all_close(neural, classic, rtol=2e-4, atol=2e-5)
