@@ -12,7 +12,7 @@ See ``shared/DESIGN.md`` for the architecture: solvers and backward modes at the
 Flax modules (`deq_jax.nn`) above them, then tasks, analysis and training.
 """
 
-from deq_jax import analysis, backward, nn, regularizers, solvers
+from deq_jax import analysis, backward, neural_solver, nn, regularizers, solvers
 from deq_jax.fixed_point import fixed_point
 from deq_jax.solvers.base import Solution, Solver, SolverStats
 
@@ -25,6 +25,7 @@ __all__ = [
     "analysis",
     "backward",
     "fixed_point",
+    "neural_solver",
     "nn",
     "regularizers",
     "solvers",

@@ -5,7 +5,8 @@ loads) one run per variant and writes ``{workdir}/path_independence_report.json`
 PNG figures, after Anil et al. (2022):
 
 * Table 1 (``table``): per task and variant, the AA score, accuracy, attacked AA and
-  attacked accuracy on the task's harder ``target`` split at the largest budget.
+  attacked accuracy on the task's harder ``target`` split at the largest budget (for
+  the regression tasks, edge copy and matrix inversion, the mean squared error).
 * Figure 2b (``test_time.png``): accuracy against the test-time iteration budget, per
   split, for each variant.
 * Figure 4 (``aa_vs_accuracy.png``): AA against accuracy across every run (the two
@@ -46,6 +47,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from deq_jax import analysis
+from deq_jax.training import NonFiniteLossError
 from launch import main as launch_main
 from launch.runs import quiet, trained_run
 
@@ -72,24 +74,33 @@ TASKS = {
     ),
     "mazes": dict(config="mazes", overrides={}, target="test_13", metric="maze_accuracy"),
     "blurry_digits": dict(config="blurry_digits", overrides={}, target=None, metric="accuracy"),
+    # Regression: "accuracy" is the mean squared error (lower is better), "correct" the
+    # better half of each batch.
+    "edge_copy": dict(config="edge_copy", overrides={}, target=None, metric="mse"),
+    "matrix_inversion": dict(config="matrix_inversion", overrides={}, target=None, metric="mse"),
 }
 BUDGET_MULTIPLIERS = (0.5, 1, 2, 4, 8)
 
+# Unroll + backprop from zeros at a fixed depth, without the cell's layer norm (with it,
+# the prefix-sum map is contractive enough to be path independent however it is
+# trained; see BUILD_NOTES.md).
 PATH_DEPENDENT = {
     "model.z_init": "zeros",
+    "model.norm": "",
     "solver.name": "fixed_point_iteration",
     "solver.tol": 1e-30,
     "backward.name": "unrolled",
     "model.train_max_iter": 15,
 }
-# The sweep for Figure 4: interventions on and off, so AA spreads out.
+# The sweep for Figure 4: interventions and normalisation on and off, so AA spreads out.
+_FIXED_DEPTH = {"solver.name": "fixed_point_iteration", "solver.tol": 1e-30}
 SWEEP = (
-    {"model.z_init": "zeros"},
-    {"model.z_init": "mixed", "train.seed": 1},
-    {"model.z_init": "zeros", "solver.name": "fixed_point_iteration", "solver.tol": 1e-30},
+    {**PATH_DEPENDENT, "model.norm": "layer"},
+    {"model.norm": "", "model.z_init": "mixed"},
+    {"model.norm": "", "model.z_init": "zeros"},
+    {"model.norm": "", "model.z_init": "zeros", "model.train_max_iter": 15, **_FIXED_DEPTH},
     {"path_independence.budget_max": 40, "path_independence.budget_min": 10},
     {"model.z_init": "normal", "path_independence.alignment_weight": 1.0},
-    {"model.z_init": "zeros", "backward.name": "unrolled"},
 )
 
 
@@ -116,10 +127,22 @@ def _batch(run: Any, split: str, size: int) -> dict[str, np.ndarray]:
     return {k: np.asarray(v)[keep] for k, v in batch.items()}
 
 
-def _whole_correct(outputs: Any, targets: Any) -> np.ndarray:
-    """``[B]`` bool: every label of the example right (classification)."""
+def _whole_correct(outputs: Any, targets: Any, regression: bool = False) -> np.ndarray:
+    """``[B]`` bool: every label of the example right (classification); for a
+    regression task, a squared error below the batch median (the better half)."""
+    if regression:
+        err = np.square(np.asarray(outputs) - np.asarray(targets))
+        err = err.reshape(err.shape[0], -1).mean(axis=1)
+        return err <= np.median(err)
     right = np.asarray(jnp.argmax(outputs, axis=-1)) == np.asarray(targets)
     return right.reshape(right.shape[0], -1).all(axis=1)
+
+
+def _attacked_metric(outputs: Any, targets: Any, regression: bool) -> float:
+    """Whole-answer accuracy of the attacked outputs, or their mean squared error."""
+    if regression:
+        return float(np.mean(np.square(np.asarray(outputs) - np.asarray(targets))))
+    return float(np.mean(_whole_correct(outputs, targets)))
 
 
 def analyse_run(
@@ -135,6 +158,7 @@ def analyse_run(
     from deq_jax.training import evaluate
 
     model, variables = run.model, run.state.variables()
+    regression = getattr(run.task, "num_classes", None) is None
     budgets = _budgets(config)
     evaluator = evaluate.Evaluator(
         model, run.task, run.mesh, config.eval.batch_size, max_batches=config.eval.max_batches
@@ -166,7 +190,7 @@ def analyse_run(
         aa[split] = dict(
             aa=float(mean),
             per_instance=np.asarray(per).tolist(),
-            correct=_whole_correct(call.outputs, b["targets"]).tolist(),
+            correct=_whole_correct(call.outputs, b["targets"], regression).tolist(),
         )
     b = _batch(run, target, attack_batch)
     kwargs = {k: jnp.asarray(b[k]) for k in extra_keys}
@@ -187,7 +211,7 @@ def analyse_run(
         aa=aa[target]["aa"],
         accuracy=at_target[metric],
         attacked_aa=float(attack.aa),
-        attacked_accuracy=float(np.mean(_whole_correct(attacked_out, b["targets"]))),
+        attacked_accuracy=_attacked_metric(attacked_out, b["targets"], regression),
         split=target,
         max_iter=top,
     )
@@ -197,10 +221,12 @@ def analyse_run(
 def aa_cost(run: Any, split: str, aa_batch: int = 100, repeats: int = 5) -> dict[str, float]:
     """Median seconds of `model_aa_score` and of one forward solve, and their ratio."""
     model, variables = run.model, run.state.variables()
-    x = jnp.asarray(_batch(run, split, aa_batch)["inputs"])
+    b = _batch(run, split, aa_batch)
+    x = jnp.asarray(b["inputs"])
+    kw = {k: jnp.asarray(b[k]) for k in getattr(run.task, "batch_extras", ())}
     rngs, key = {"z0": jax.random.key(0)}, jax.random.key(1)
-    forward = jax.jit(lambda v, x: model.apply(v, x, train=False, rngs=rngs)[0])
-    score = jax.jit(lambda v, x: analysis.model_aa_score(model, v, x, key=key, rngs=rngs)[0])
+    forward = jax.jit(lambda v, x: model.apply(v, x, train=False, rngs=rngs, **kw)[0])
+    score = jax.jit(lambda v, x: analysis.model_aa_score(model, v, x, key=key, rngs=rngs, **kw)[0])
 
     def median_time(fn):
         jax.block_until_ready(fn(variables, x))
@@ -266,7 +292,12 @@ def run_report(
             workdir = os.path.join(root, task, name)
             emit(f"[{task}/{name}] training or loading in {workdir}")
             t0 = time.time()
-            run = trained_run(config, workdir, emit=quiet)
+            try:
+                run = trained_run(config, workdir, emit=quiet)
+            except NonFiniteLossError as err:  # a diverged variant is a result too
+                emit(f"[{task}/{name}] diverged: {err}")
+                section[name] = dict(diverged=str(err), overrides=overrides)
+                continue
             target = spec["target"] or run.task.eval_splits[-1]
             result = analyse_run(run, config, target, spec["metric"], key, aa_batch, attack_batch)
             result["overrides"] = {k: v for k, v in overrides.items()}
@@ -278,7 +309,8 @@ def run_report(
                 section["aa_cost"] = aa_cost(run, target, aa_batch)
                 emit(f"[{task}] aa_score cost: {json.dumps(section['aa_cost'])}")
         report["tasks"][task] = section
-    runs = report["runs"]
+    # Accuracies only: a regression task's "accuracy" is an error, lower is better.
+    runs = [r for r in report["runs"] if TASKS[r["task"]]["metric"] != "mse"]
     report["spearman"] = spearman([r["aa"] for r in runs], [r["accuracy"] for r in runs])
     emit(f"Spearman(AA, accuracy) over {len(runs)} runs: {report['spearman']:.3f}")
     os.makedirs(root, exist_ok=True)

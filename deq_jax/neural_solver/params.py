@@ -65,10 +65,9 @@ class FrozenParams:
         return jax.tree_util.tree_unflatten(self._treedef, [jnp.asarray(x) for x in self._leaves])
 
     @property
-    def specs(self) -> Any:
-        """The pytree of ``(shape, dtype name)`` of the leaves (no device transfer)."""
-        specs = [(x.shape, x.dtype.name) for x in self._leaves]
-        return jax.tree_util.tree_unflatten(self._treedef, specs)
+    def specs(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+        """``(path, shape, dtype name)`` of each leaf, e.g. to check the architecture."""
+        return leaf_specs(self.tree)
 
     @property
     def size(self) -> int:
@@ -83,3 +82,15 @@ class FrozenParams:
 
     def __repr__(self) -> str:
         return f"FrozenParams(size={self.size}, sha256={self._key[1][:12]})"
+
+
+def leaf_specs(tree: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """``(path, shape, dtype name)`` of each leaf of a pytree of arrays or shape structs.
+
+    Paths are `jax.tree_util.keystr` strings, so a ``dict`` and a Flax ``FrozenDict``
+    with the same entries have the same specs.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return tuple(
+        (jax.tree_util.keystr(path), tuple(x.shape), jnp.dtype(x.dtype).name) for path, x in leaves
+    )

@@ -36,12 +36,8 @@ from deq_jax.neural_solver.hyper_anderson import (
     hyper_anderson_init,
     hyper_anderson_step,
 )
-from deq_jax.neural_solver.params import FrozenParams
+from deq_jax.neural_solver.params import FrozenParams, leaf_specs
 from deq_jax.solvers.base import Solver
-
-
-def _specs(tree: Any) -> Any:
-    return jax.tree_util.tree_map(lambda x: (tuple(x.shape), jnp.dtype(x.dtype).name), tree)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,7 +78,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         super().__post_init__()
         object.__setattr__(self, "state_shape", _check_hyper(self))
         params = FrozenParams(self.params)
-        expected = _specs(
+        expected = leaf_specs(
             init_params(
                 jax.random.PRNGKey(0),
                 m=self.m,
