@@ -1,8 +1,9 @@
 """The path-independence report: path-independent vs path-dependent models per task.
 
 For each task, trains (or, when a run's workdir already holds its final checkpoint,
-loads) one run per variant and writes ``{workdir}/path_independence_report.json`` and
-PNG figures, after Anil et al. (2022):
+loads) one run per variant, analyses it (or reuses the analysis saved in its workdir)
+and writes ``{workdir}/path_independence_report.json`` and PNG figures, after Anil et
+al. (2022):
 
 * Table 1 (``table``): per task and variant, the AA score, accuracy, attacked AA and
   attacked accuracy on the task's harder ``target`` split at the largest budget (for
@@ -62,6 +63,8 @@ _ATTACK_BATCH = flags.DEFINE_integer("attack_batch", 32, "Examples attacked per 
 _SMOKE = flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
 
 REPORT_FILE = "path_independence_report.json"
+# Each run's analysis, kept in its workdir so a rerun of the report reuses it.
+ANALYSIS_FILE = "path_independence_analysis.json"
 
 # Per task: its config module, the harder split of Table 1, the whole-answer metric and
 # the test-time budgets (multiples of the train budget) of Figure 2b.
@@ -299,7 +302,16 @@ def run_report(
                 section[name] = dict(diverged=str(err), overrides=overrides)
                 continue
             target = spec["target"] or run.task.eval_splits[-1]
-            result = analyse_run(run, config, target, spec["metric"], key, aa_batch, attack_batch)
+            cached = os.path.join(workdir, ANALYSIS_FILE)
+            if os.path.exists(cached):  # analysed before: the run's checkpoint is final
+                with open(cached) as f:
+                    result = json.load(f)
+            else:
+                result = analyse_run(
+                    run, config, target, spec["metric"], key, aa_batch, attack_batch
+                )
+                with open(cached, "w") as f:
+                    json.dump(result, f, default=str)
             result["overrides"] = {k: v for k, v in overrides.items()}
             section[name] = result
             row = dict(task=task, variant=name, **result["table"])
