@@ -52,15 +52,22 @@ from deq_jax.training import NonFiniteLossError
 from launch import main as launch_main
 from launch.runs import quiet, trained_run
 
-_TASKS = flags.DEFINE_list("tasks", ["prefix_sum"], "Tasks to report (keys of TASKS).")
-_SWEEP = flags.DEFINE_integer("sweep", 4, "Extra prefix-sum runs for the AA-accuracy plot.")
-_SWEEP_STEPS = flags.DEFINE_integer("sweep_steps", 1000, "Train steps of each sweep run.")
-_DEPENDENT_STEPS = flags.DEFINE_integer(
-    "dependent_steps", 0, "Train steps of the path-dependent run (0: the config's)."
-)
-_AA_BATCH = flags.DEFINE_integer("aa_batch", 100, "Examples per split for the AA scores.")
-_ATTACK_BATCH = flags.DEFINE_integer("attack_batch", 32, "Examples attacked per run.")
-_SMOKE = flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+# Flags are defined by `define_flags` when the module runs as a program, so importing it
+# next to another report module (both define ``--smoke``) cannot collide.
+
+
+def define_flags() -> None:
+    """Defines this program's flags (``--workdir`` comes from `launch.main`)."""
+    flags.DEFINE_list("tasks", ["prefix_sum"], "Tasks to report (keys of TASKS).")
+    flags.DEFINE_integer("sweep", 4, "Extra prefix-sum runs for the AA-accuracy plot.")
+    flags.DEFINE_integer("sweep_steps", 1000, "Train steps of each sweep run.")
+    flags.DEFINE_integer(
+        "dependent_steps", 0, "Train steps of the path-dependent run (0: the config's)."
+    )
+    flags.DEFINE_integer("aa_batch", 100, "Examples per split for the AA scores.")
+    flags.DEFINE_integer("attack_batch", 32, "Examples attacked per run.")
+    flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+
 
 REPORT_FILE = "path_independence_report.json"
 # Each run's analysis, kept in its workdir so a rerun of the report reuses it.
@@ -341,23 +348,24 @@ def main(argv: Sequence[str]) -> None:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    workdir = launch_main._WORKDIR.value
-    for task in _TASKS.value:
+    workdir, flag = launch_main._WORKDIR.value, flags.FLAGS
+    for task in flag.tasks:
         if task not in TASKS:
             raise app.UsageError(f"Unknown task {task!r}. Valid tasks: {', '.join(TASKS)}.")
     run_report(
         workdir,
-        _TASKS.value,
-        sweep=_SWEEP.value,
-        sweep_steps=_SWEEP_STEPS.value,
-        dependent_steps=_DEPENDENT_STEPS.value,
-        smoke=_SMOKE.value,
-        aa_batch=_AA_BATCH.value,
-        attack_batch=_ATTACK_BATCH.value,
+        flag.tasks,
+        sweep=flag.sweep,
+        sweep_steps=flag.sweep_steps,
+        dependent_steps=flag.dependent_steps,
+        smoke=flag.smoke,
+        aa_batch=flag.aa_batch,
+        attack_batch=flag.attack_batch,
         emit=lambda line: print(line, flush=True),
     )
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flags_as_required(["workdir"])  # --workdir is launch.main's flag
     app.run(main)
