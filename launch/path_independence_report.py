@@ -185,17 +185,16 @@ def analyse_run(
         b = _batch(run, split, aa_batch)
         kwargs = {k: jnp.asarray(b[k]) for k in extra_keys}
         rngs = {"z0": jax.random.fold_in(key, 2 * i)}
+        inputs = jnp.asarray(b["inputs"])
+        call = analysis.deq_call(model, variables, inputs, max_iter=top, rngs=rngs, **kwargs)
         mean, per = analysis.model_aa_score(
             model,
             variables,
-            jnp.asarray(b["inputs"]),
+            inputs,
             key=jax.random.fold_in(key, 2 * i + 1),
             max_iter=top,
-            rngs=rngs,
+            first=call,
             **kwargs,
-        )
-        call = analysis.deq_call(
-            model, variables, jnp.asarray(b["inputs"]), max_iter=top, rngs=rngs, **kwargs
         )
         aa[split] = dict(
             aa=float(mean),

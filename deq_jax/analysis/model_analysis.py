@@ -122,6 +122,7 @@ def model_aa_score(
     key: jax.Array,
     max_iter: int | None = None,
     rngs: dict[str, jax.Array] | None = None,
+    first: DEQCall | None = None,
     **model_kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """The AA score (Algorithm 1 of Anil et al.) of a whole task model.
@@ -137,12 +138,15 @@ def model_aa_score(
       key: draws the pairing.
       max_iter: the solver budget (``None``: the model's eval budget).
       rngs: rngs of the first solve (``{"z0": key}`` for a random ``z_init``).
+      first: the `deq_call` of these arguments if the caller already made it (its
+        outputs are wanted too); it is reused instead of solving again.
       **model_kwargs: more keywords of the model call.
 
     Returns:
       ``(mean, per_instance [B])``.
     """
-    first = deq_call(model, variables, inputs, max_iter=max_iter, rngs=rngs, **model_kwargs)
+    if first is None:
+        first = deq_call(model, variables, inputs, max_iter=max_iter, rngs=rngs, **model_kwargs)
     batch = jax.tree_util.tree_leaves(first.z_star)[0].shape[0]
     perm = derangement(key, batch)
     start = jax.tree_util.tree_map(lambda z: z[perm], first.z_star)

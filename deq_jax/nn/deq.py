@@ -332,8 +332,7 @@ class DEQ(nn.Module):
                 "The alignment penalty draws its second start from the 'z0' rng stream: "
                 "pass rngs={'z0': key} to apply."
             )
-        spec = jax.tree_util.tree_map(lambda z: jax.ShapeDtypeStruct(z.shape, z.dtype), z_star)
-        start = initial_state(spec, "normal", self.make_rng("z0"))
+        start = initial_state(z_star, "normal", self.make_rng("z0"))  # shaped like z*
         other = fixed_point(f, start, args, solver=solver, backward=self.backward).value
         self.sow("intermediates", "alignment_term", 1.0 - _flat.per_sample_cosine(z_star, other))
 

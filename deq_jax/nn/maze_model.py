@@ -19,20 +19,15 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 import flax.linen as nn
-import jax
 
-from deq_jax.backward.base import Backward
-from deq_jax.backward.ift import ift
 from deq_jax.nn.cells import Conv2DCell
-from deq_jax.nn.deq import solve_cell
-from deq_jax.solvers.anderson import anderson
-from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.nn.recall import RecallDEQ
 
 
-class MazeDEQ(nn.Module):
+class MazeDEQ(RecallDEQ):
     """Per-pixel path classifier of maze images through a 2-D convolutional DEQ.
 
     ``x [B, H, W, C]`` (C = 3 colour channels for `deq_jax.tasks.mazes`) is projected
@@ -64,50 +59,5 @@ class MazeDEQ(nn.Module):
       Computation", NeurIPS 2022.
     """
 
-    width: int = 32
-    num_blocks: int = 2
-    kernel_size: int = 3
-    num_classes: int = 2
-    norm: str | None = None
-    norm_groups: int = 4
-    weight_norm: bool = False
-    dropout_rate: float = 0.0
-    solver: Solver = anderson()
-    backward: Backward = ift()
-    z_init: str = "zeros"
-    train_max_iter: int | None = None
-    eval_max_iter: int | None = None
-
-    @nn.compact
-    def __call__(
-        self, x: jax.Array, *, train: bool, max_iter: int | None = None, **deq_options: Any
-    ) -> tuple[jax.Array, SolverStats]:
-        """``x [B, H, W, C] -> (logits [B, H, W, num_classes], stats)``.
-
-        ``deq_options`` (``z0``, ``stats_probe``, ``jacobian_samples``,
-        ``spectral_iters``) go to the `DEQ` call.
-
-        Raises:
-          ValueError: unless ``x`` has rank 4.
-        """
-        if x.ndim != 4:
-            raise ValueError(f"MazeDEQ expects images [B, H, W, C], got shape {x.shape}.")
-        window = (self.kernel_size, self.kernel_size)
-        conv = lambda features, name: nn.Conv(
-            features, window, padding="SAME", use_bias=False, name=name
-        )
-        u = nn.relu(conv(self.width, "project")(x))  # [B, H, W, width]
-        cell = Conv2DCell(
-            self.width,
-            num_blocks=self.num_blocks,
-            kernel_size=self.kernel_size,
-            norm=self.norm,
-            norm_groups=self.norm_groups,
-            weight_norm=self.weight_norm,
-            dropout_rate=self.dropout_rate,
-            name="cell",
-        )
-        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, H, W, width]
-        h = nn.relu(conv(self.width, "head_0")(z))  # [B, H, W, width]
-        h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))  # [B, H, W, width // 2]
-        return conv(self.num_classes, "head_out")(h), stats  # [B, H, W, num_classes]
+    cell_type: ClassVar[type[nn.Module]] = Conv2DCell
+    input_layout: ClassVar[str] = "images [B, H, W, C]"

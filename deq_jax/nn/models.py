@@ -26,7 +26,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -39,11 +39,12 @@ from deq_jax.nn.cells import Conv1DCell, Conv2DCell
 from deq_jax.nn.deq import solve_cell
 from deq_jax.nn.maze_model import MazeDEQ
 from deq_jax.nn.reasoning_models import EdgeCopyDEQ, MatrixInversionDEQ
+from deq_jax.nn.recall import RecallDEQ
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
 
 
-class PrefixSumDEQ(nn.Module):
+class PrefixSumDEQ(RecallDEQ):
     """Per-position classifier of sequences through a 1-D convolutional DEQ.
 
     ``x [B, L, C]`` is projected to ``[B, L, width]`` (a convolution and a ReLU), that
@@ -73,49 +74,8 @@ class PrefixSumDEQ(nn.Module):
       Computation", NeurIPS 2022.
     """
 
-    width: int = 32
-    num_blocks: int = 2
-    kernel_size: int = 3
-    num_classes: int = 2
-    norm: str | None = None
-    norm_groups: int = 4
-    weight_norm: bool = False
-    dropout_rate: float = 0.0
-    solver: Solver = anderson()
-    backward: Backward = ift()
-    z_init: str = "zeros"
-    train_max_iter: int | None = None
-    eval_max_iter: int | None = None
-
-    @nn.compact
-    def __call__(
-        self, x: jax.Array, *, train: bool, max_iter: int | None = None, **deq_options: Any
-    ) -> tuple[jax.Array, SolverStats]:
-        """``x [B, L, C] -> (logits [B, L, num_classes], stats)``.
-
-        ``deq_options`` (``stats_probe``, ``jacobian_samples``, ``spectral_iters``) go to
-        the `DEQ` call.
-        """
-        if x.ndim != 3:
-            raise ValueError(f"PrefixSumDEQ expects inputs [B, L, C], got shape {x.shape}.")
-        conv = lambda features, name: nn.Conv(
-            features, (self.kernel_size,), padding="SAME", use_bias=False, name=name
-        )
-        u = nn.relu(conv(self.width, "project")(x))  # [B, L, width]
-        cell = Conv1DCell(
-            self.width,
-            num_blocks=self.num_blocks,
-            kernel_size=self.kernel_size,
-            norm=self.norm,
-            norm_groups=self.norm_groups,
-            weight_norm=self.weight_norm,
-            dropout_rate=self.dropout_rate,
-            name="cell",
-        )
-        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, L, width]
-        h = nn.relu(conv(self.width, "head_0")(z))
-        h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))
-        return conv(self.num_classes, "head_out")(h), stats
+    cell_type: ClassVar[type[nn.Module]] = Conv1DCell
+    input_layout: ClassVar[str] = "inputs [B, L, C]"
 
 
 class ScalarReLUCell(nn.Module):

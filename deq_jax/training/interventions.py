@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deq_jax.training.regularizer import from_section
+
 
 @dataclasses.dataclass(frozen=True)
 class PathIndependence:
@@ -74,15 +76,7 @@ class PathIndependence:
         Raises:
           ValueError: for an unknown key, listing the valid ones, or a bad value.
         """
-        fields = section.to_dict() if hasattr(section, "to_dict") else dict(section)
-        valid = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(fields) - set(valid))
-        if unknown:
-            raise ValueError(
-                f"Unknown path_independence key(s) {', '.join(unknown)}. "
-                f"Valid keys: {', '.join(valid)}."
-            )
-        return cls(**fields)
+        return from_section(cls, section, "path_independence")
 
     @property
     def budgets(self) -> tuple[int, ...]:

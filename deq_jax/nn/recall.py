@@ -1,0 +1,93 @@
+"""`RecallDEQ`: the deep-thinking "recall" classifier as a DEQ, for any number of
+spatial axes.
+
+An input ``x [B, *spatial, C]`` is projected to ``width`` channels (a convolution and a
+ReLU), that projection is injected into a convolutional recall cell at every iteration
+of the `DEQ`, and the fixed point is read out per position by three convolutions
+(``width -> width -> width // 2 -> num_classes``). Every layer is a convolution, so the
+same parameters run on any length or image size. `deq_jax.nn.models.PrefixSumDEQ`
+(sequences, `Conv1DCell`) and `deq_jax.nn.maze_model.MazeDEQ` (images, `Conv2DCell`)
+are its two instances; they differ only in the cell and the expected input rank.
+
+References:
+  Schwarzschild et al., "Can You Learn an Algorithm? Generalizing from Easy to Hard
+  Problems with Recurrent Networks", NeurIPS 2021.
+  Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+  Computation", NeurIPS 2022.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+
+from deq_jax.backward.base import Backward
+from deq_jax.backward.ift import ift
+from deq_jax.nn.deq import solve_cell
+from deq_jax.solvers.anderson import anderson
+from deq_jax.solvers.base import Solver, SolverStats
+
+
+class RecallDEQ(nn.Module):
+    """Base of the per-position recall classifiers (see the module docstring).
+
+    Subclasses set ``cell_type`` (a `deq_jax.nn.cells` convolutional cell, whose
+    ``spatial_dims`` fixes the input rank) and ``input_layout`` (how the error message
+    names the expected input, e.g. ``"inputs [B, L, C]"``); the attributes are theirs.
+    """
+
+    cell_type: ClassVar[type[nn.Module]]
+    input_layout: ClassVar[str]
+
+    width: int = 32
+    num_blocks: int = 2
+    kernel_size: int = 3
+    num_classes: int = 2
+    norm: str | None = None
+    norm_groups: int = 4
+    weight_norm: bool = False
+    dropout_rate: float = 0.0
+    solver: Solver = anderson()
+    backward: Backward = ift()
+    z_init: str = "zeros"
+    train_max_iter: int | None = None
+    eval_max_iter: int | None = None
+
+    @nn.compact
+    def __call__(
+        self, x: jax.Array, *, train: bool, max_iter: int | None = None, **deq_options: Any
+    ) -> tuple[jax.Array, SolverStats]:
+        """``x [B, *spatial, C] -> (logits [B, *spatial, num_classes], stats)``.
+
+        ``deq_options`` (``z0``, ``stats_probe``, ``jacobian_samples``,
+        ``spectral_iters``, ``alignment``) go to the `DEQ` call.
+
+        Raises:
+          ValueError: unless ``x`` has the cell's spatial axes plus batch and channels.
+        """
+        spatial_dims = self.cell_type.spatial_dims
+        if x.ndim != spatial_dims + 2:
+            raise ValueError(
+                f"{type(self).__name__} expects {self.input_layout}, got shape {x.shape}."
+            )
+        window = (self.kernel_size,) * spatial_dims
+        conv = lambda features, name: nn.Conv(
+            features, window, padding="SAME", use_bias=False, name=name
+        )
+        u = nn.relu(conv(self.width, "project")(x))  # [B, *spatial, width]
+        cell = self.cell_type(
+            self.width,
+            num_blocks=self.num_blocks,
+            kernel_size=self.kernel_size,
+            norm=self.norm,
+            norm_groups=self.norm_groups,
+            weight_norm=self.weight_norm,
+            dropout_rate=self.dropout_rate,
+            name="cell",
+        )
+        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, *sp, width]
+        h = nn.relu(conv(self.width, "head_0")(z))  # [B, *spatial, width]
+        h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))  # [B, *spatial, width // 2]
+        return conv(self.num_classes, "head_out")(h), stats  # [B, *spatial, num_classes]
