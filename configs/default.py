@@ -41,6 +41,13 @@ Sections:
     weight ``alignment_weight``. Mixed initialisation is ``model.z_init="mixed"``;
     unroll + backprop is ``solver.name="fixed_point_iteration"``, ``solver.tol=1e-30``,
     ``backward.name="unrolled"``.
+  neural_solver: the neural DEQ solver of Bai et al. (2022)
+    (`deq_jax.neural_solver.fit.NeuralSolverSpec`). A non-empty ``deq_workdir`` makes
+    ``launch.main`` restore that trained DEQ and fit a HyperAnderson solver and
+    initialiser to it (``configs/*_hypersolver.py``); ``alternating=True`` instead
+    interleaves solver fits with DEQ training (warm-up ``alt_warmup_steps``, then the
+    DEQ trains ``alt_deq_steps`` with the solver between fine-tunings of
+    ``alt_finetune_steps``).
   ckpt: orbax checkpoints every ``every_steps`` and at the end, the last ``keep`` kept.
   log: progress line and metric interval (``every_steps``), TensorBoard on/off.
 """
@@ -161,6 +168,35 @@ def get_config() -> ConfigDict:
 
     config.path_independence = ConfigDict(
         dict(budget_min=1, budget_max=0, budget_choices=4, alignment_weight=0.0)
+    )
+
+    config.neural_solver = ConfigDict(
+        dict(
+            deq_workdir="",
+            m=5,
+            hidden=32,
+            kernel_size=3,
+            pool="mean",
+            tol=1e-3,
+            max_iter=30,
+            unroll_steps=6,
+            train_steps=300,
+            batch_size=32,
+            target_batches=8,
+            target_max_iter=80,
+            target_tol=1e-6,
+            max_target_residual=1e-2,
+            learning_rate=1e-3,
+            l1=1.0,
+            l2=1.0,
+            l3=0.1,
+            ablations=False,
+            seed=0,
+            alternating=False,
+            alt_warmup_steps=500,
+            alt_deq_steps=500,
+            alt_finetune_steps=50,
+        )
     )
 
     config.ckpt = ConfigDict(dict(every_steps=500, keep=2, async_save=False))

@@ -100,10 +100,16 @@ def validate_argv(argv: Sequence[str]) -> None:
 def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    from deq_jax.training import train_and_evaluate
-
     quiet_library_logs()
-    train_and_evaluate(_CONFIG.value, _WORKDIR.value, emit=functools.partial(print, flush=True))
+    config, emit = _CONFIG.value, functools.partial(print, flush=True)
+    if config.get("neural_solver", {}).get("deq_workdir", ""):
+        from deq_jax.neural_solver.run import train_hypersolver
+
+        train_hypersolver(config, _WORKDIR.value, emit=emit)
+    else:
+        from deq_jax.training import train_and_evaluate
+
+        train_and_evaluate(config, _WORKDIR.value, emit=emit)
 
 
 def quiet_library_logs() -> None:

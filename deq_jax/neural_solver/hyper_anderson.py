@@ -28,7 +28,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax.solvers.anderson import anderson_weights
+
 POOLS = ("mean", "last")
+
+# Where alpha comes from: the network, or Anderson's least squares (the network then
+# predicts beta only; the "LS alpha + learned beta" ablation of Bai et al. 2022).
+ALPHA_MODES = ("learned", "least_squares")
+
+# Relative ridge of the least-squares alpha (as `deq_jax.solvers.anderson`'s default).
+_LS_RIDGE = 1e-4
 
 # Extra per-slot features next to the pooled residual: log relative norm, valid flag.
 EXTRA_FEATURES = 2
@@ -205,6 +214,7 @@ def hyper_anderson_step(
     k: jax.Array,
     state_shape: tuple[int, ...],
     pool: str,
+    alpha_mode: str = "learned",
 ) -> HyperAndersonStep:
     """Books ``(z, f(z))`` (the ``k``-th evaluation, ``k >= 1``) and proposes the next iterate.
 
@@ -216,6 +226,8 @@ def hyper_anderson_step(
       k: evaluations of ``f`` made so far (an int scalar, may be traced).
       state_shape: per-sample state shape (see `pool_residual`).
       pool: ``"mean"`` or ``"last"``.
+      alpha_mode: ``"learned"`` (the network's alpha) or ``"least_squares"`` (Anderson's
+        ``argmin ||G alpha||`` with ``sum alpha = 1``; the network's beta is kept).
 
     Returns:
       A `HyperAndersonStep`.
@@ -230,9 +242,14 @@ def hyper_anderson_step(
     norms = jnp.concatenate([state.norms[:, 1:], jnp.linalg.norm(g, axis=-1)[:, None]], axis=1)
     valid = jnp.arange(n) >= n - jnp.minimum(k, n)  # [n], oldest first
     a, beta = net.apply(params, history_features(feats, norms, valid), valid)
-    alpha_chron = normalize_alpha(a.astype(z.dtype), valid)
-    # Ring slot r holds the chronological position (r - slot - 1) % n.
-    alpha = jnp.take(alpha_chron, (jnp.arange(n) - slot - 1) % n, axis=1)
+    if alpha_mode == "least_squares":
+        ring_valid = jnp.arange(n) < jnp.minimum(k, n)  # slots written so far
+        gram = jnp.einsum("bmd,bnd->bmn", gs, gs)
+        alpha = anderson_weights(gram, ring_valid, _LS_RIDGE).astype(z.dtype)
+    else:
+        alpha_chron = normalize_alpha(a.astype(z.dtype), valid)
+        # Ring slot r holds the chronological position (r - slot - 1) % n.
+        alpha = jnp.take(alpha_chron, (jnp.arange(n) - slot - 1) % n, axis=1)
     beta = beta.astype(z.dtype)
     return HyperAndersonStep(
         z_next=hyper_anderson_update(fs, gs, alpha, beta),

@@ -10,7 +10,8 @@ to ``[B, ..., features]`` (the same leading axes, the state's channels):
 The last layer starts at zero weight and bias, so an untrained initialiser returns the
 zero state of a classic DEQ and training moves it towards the fixed points. Use it as
 ``z0 = initializer.apply(init_params, x)`` for `deq_jax.fixed_point` or as the ``z0`` of
-a `deq_jax.nn.DEQ` call.
+a `deq_jax.nn.DEQ` call. `LearnedInit` freezes a trained initialiser into a hashable
+callable ``x -> z0``, which a `deq_jax.nn.DEQ` (or a task model) takes as its ``z_init``.
 
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.1).
@@ -18,8 +19,13 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import flax.linen as nn
 import jax
+
+from deq_jax.neural_solver.params import FrozenParams
 
 INITIALIZER_KINDS = ("sequence", "image", "vector")
 
@@ -104,3 +110,38 @@ def make_initializer(kind: str, features: int, **options) -> nn.Module:
     if kind not in modules:
         raise ValueError(f"kind must be one of {', '.join(INITIALIZER_KINDS)}, got {kind!r}.")
     return modules[kind](features=features, **options)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedInit:
+    """A trained ``h_phi`` frozen into a hashable callable ``x -> z0``.
+
+    Give it to a `deq_jax.nn.DEQ` (or a task model) as ``z_init``: the DEQ then starts
+    every solve at ``h_phi(x)`` of its injected input ``x``, e.g.
+    ``model.clone(solver=trained.solver, z_init=LearnedInit("sequence", 32, trained.init_params))``.
+
+    Attributes:
+      kind: the initialiser kind (see `make_initializer`).
+      features: the state's channels.
+      params: the trained variables (a pytree is wrapped in a `FrozenParams`).
+      options: the module's other fields, as ``((name, value), ...)``.
+    """
+
+    kind: str
+    features: int
+    params: Any
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "params", FrozenParams(self.params))
+        object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
+        make_initializer(self.kind, self.features, **dict(self.options))  # validates
+
+    @property
+    def module(self) -> nn.Module:
+        """The initialiser module."""
+        return make_initializer(self.kind, self.features, **dict(self.options))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``h_phi(x)``, the first state for the injected input ``x``."""
+        return self.module.apply(self.params.tree, x).astype(x.dtype)

@@ -90,7 +90,7 @@ def unroll(
 def neural_solver_loss(
     params: Any,
     solver: neural_solver,
-    initializer: nn.Module,
+    initializer: nn.Module | None,
     f: Callable[[jax.Array, Any], jax.Array],
     args: Any,
     x: jax.Array,
@@ -106,7 +106,9 @@ def neural_solver_loss(
     Args:
       params: ``{"solver": network variables, "init": initialiser variables}``.
       solver: the `neural_solver` giving the hyper-parameters.
-      initializer: the ``h_phi`` module (`deq_jax.neural_solver.make_initializer`).
+      initializer: the ``h_phi`` module (`deq_jax.neural_solver.make_initializer`), or
+        ``None`` to start every solve at zero (the "no initialiser" ablation; the
+        initialisation term is then a constant).
       f: the frozen cell, ``f(z, args) -> z`` on states ``[B, *state_shape]``.
       args: the cell's arguments (no gradient reaches them).
       x: the injection ``h_phi`` reads.
@@ -124,7 +126,10 @@ def neural_solver_loss(
     """
     args = jax.lax.stop_gradient(args)
     z_star = jax.lax.stop_gradient(z_star)
-    z0 = initializer.apply(params["init"], x)
+    if initializer is None:
+        z0 = jnp.zeros_like(z_star)
+    else:
+        z0 = initializer.apply(params["init"], x)
     if z0.shape != z_star.shape:
         raise ValueError(
             f"The initialiser maps x {x.shape} to {z0.shape}, but z_star is {z_star.shape}."

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from deq_jax.neural_solver.hyper_anderson import (
+    ALPHA_MODES,
     EXTRA_FEATURES,
     POOLS,
     HyperAndersonNet,
@@ -61,6 +62,8 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
       kernel_size: width of the temporal convolutions.
       pool: how a residual is compressed per sample: ``"mean"`` (global average over
         the non-channel axes) or ``"last"`` (the last token of a sequence).
+      alpha_mode: ``"learned"`` (HyperAnderson) or ``"least_squares"`` (Anderson's
+        alpha with the network's beta, an ablation).
       tol, max_iter, stop_mode: see `Solver`.
 
     References:
@@ -73,6 +76,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
     hidden: int = 32
     kernel_size: int = 3
     pool: str = "mean"
+    alpha_mode: str = "learned"
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,7 +121,9 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
 
     def step(self, params, aux, z, fz, k):
         """The full `HyperAndersonStep` with explicit (possibly traced) ``params``."""
-        return hyper_anderson_step(self.net, params, aux, z, fz, k, self.state_shape, self.pool)
+        return hyper_anderson_step(
+            self.net, params, aux, z, fz, k, self.state_shape, self.pool, self.alpha_mode
+        )
 
 
 def _check_hyper(hyper: Any) -> tuple[int, ...]:
@@ -131,6 +137,10 @@ def _check_hyper(hyper: Any) -> tuple[int, ...]:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     if hyper.pool not in POOLS:
         raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {hyper.pool!r}.")
+    if hyper.alpha_mode not in ALPHA_MODES:
+        raise ValueError(
+            f"alpha_mode must be one of {', '.join(ALPHA_MODES)}, got {hyper.alpha_mode!r}."
+        )
     if hyper.pool == "last" and len(shape) != 2:
         raise ValueError(f"pool='last' needs a sequence state (L, C), got {shape}.")
     return shape
@@ -171,7 +181,7 @@ def init_neural_solver(key: jax.Array, state_shape: tuple[int, ...], **hyper: An
       key: PRNG key of the network's initialisation.
       state_shape: the per-sample state shape, channels last.
       **hyper: the other `neural_solver` fields (``m``, ``hidden``, ``kernel_size``,
-        ``pool``, ``tol``, ``max_iter``, ``stop_mode``).
+        ``pool``, ``alpha_mode``, ``tol``, ``max_iter``, ``stop_mode``).
 
     Returns:
       A `neural_solver` with freshly initialised weights.

@@ -28,7 +28,8 @@ class TrainedNeuralSolver(NamedTuple):
 
     Attributes:
       solver: the `neural_solver` with the trained network weights.
-      init_params: the trained initialiser's variables (``initializer.apply(init_params, x)``).
+      init_params: the trained initialiser's variables (``initializer.apply(init_params, x)``;
+        ``None`` without an initialiser).
       losses: ``[num_steps]`` training loss per step (host array).
     """
 
@@ -39,7 +40,7 @@ class TrainedNeuralSolver(NamedTuple):
 
 def train_neural_solver(
     solver: neural_solver,
-    initializer: nn.Module,
+    initializer: nn.Module | None,
     f: Callable[[Any, Any], Any],
     batches: Iterable[tuple[Any, Any, Any]],
     *,
@@ -57,7 +58,7 @@ def train_neural_solver(
     Args:
       solver: the starting `neural_solver` (e.g. `init_neural_solver`); its weights are
         the starting point and its hyper-parameters are kept.
-      initializer: the ``h_phi`` module.
+      initializer: the ``h_phi`` module, or ``None`` to start at zero (no initialiser).
       f: the frozen cell ``f(z, args) -> z`` on states ``[B, *state_shape]``.
       batches: yields ``(args, x, z_star)``: the cell's arguments, the injection read
         by ``h_phi`` and the known fixed points; at least ``num_steps`` batches of a
@@ -82,7 +83,7 @@ def train_neural_solver(
     first = next(it, None)
     if first is None:
         raise ValueError("batches is empty.")
-    if init_params is None:
+    if init_params is None and initializer is not None:
         init_params = initializer.init(key, first[1])
     params = {"solver": solver.variables, "init": init_params}
     opt_state = optimizer.init(params)

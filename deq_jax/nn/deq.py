@@ -156,7 +156,9 @@ class DEQ(nn.Module):
       backward: the backward mode (a `deq_jax.backward` object), ``ift()`` by default.
       z_init: the initial state when no ``z0`` is given: ``"zeros"``, ``"normal"`` or
         ``"mixed"`` (see `initial_state`); the last two draw from the ``"z0"`` rng
-        stream. (Named ``z_init`` because ``init`` is `flax.linen.Module.init`.)
+        stream. Or a hashable callable ``z_init(x) -> z0`` of the injected input, such
+        as a trained `deq_jax.neural_solver.LearnedInit`. (Named ``z_init`` because
+        ``init`` is `flax.linen.Module.init`.)
       train_max_iter: the solver budget when ``train=True``; ``None`` keeps the solver's.
       eval_max_iter: the solver budget when ``train=False``; ``None`` keeps the solver's.
 
@@ -178,7 +180,7 @@ class DEQ(nn.Module):
     cell: nn.Module
     solver: Solver = anderson()
     backward: Backward = ift()
-    z_init: str = "zeros"
+    z_init: str | Callable[[Any], Any] = "zeros"
     train_max_iter: int | None = None
     eval_max_iter: int | None = None
 
@@ -187,8 +189,11 @@ class DEQ(nn.Module):
             raise TypeError(f"solver must be a deq_jax Solver, got {self.solver!r}.")
         if not isinstance(self.backward, Backward):
             raise TypeError(f"backward must be a deq_jax backward mode, got {self.backward!r}.")
-        if self.z_init not in Z_INITS:
-            raise ValueError(f"z_init must be one of {', '.join(Z_INITS)}, got {self.z_init!r}.")
+        if not callable(self.z_init) and self.z_init not in Z_INITS:
+            raise ValueError(
+                f"z_init must be one of {', '.join(Z_INITS)} or a callable x -> z0, got "
+                f"{self.z_init!r}."
+            )
         for name in ("train_max_iter", "eval_max_iter"):
             budget = getattr(self, name)
             if budget is not None and (not isinstance(budget, int) or budget < 1):
@@ -280,6 +285,8 @@ class DEQ(nn.Module):
           ValueError: if ``z0`` does not match the spec, or ``z_init`` needs a ``"z0"``
             rng that was not supplied.
         """
+        if z0 is None and callable(self.z_init):
+            z0 = self.z_init(x)
         if z0 is None:
             key = None
             if self.z_init != "zeros":

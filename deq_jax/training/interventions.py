@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deq_jax.training.regularizer import from_section
+from deq_jax._sections import from_section
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,10 +7,12 @@ saves checkpoints, and ends with the per-length accuracy report at several multi
 of the train budget (printed and written to ``length_generalization.json``). A task
 without ``num_classes`` is trained as a regression (mean squared error), and the
 ``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
-(`deq_jax.training.regularizer`).
+(`deq_jax.training.regularizer`); ``neural_solver.alternating`` interleaves neural-solver
+fits with the DEQ's training (`deq_jax.training.alternating`).
 
 Files in the workdir: ``checkpoints/`` (orbax), ``metrics.jsonl``, ``tensorboard/``,
-``length_generalization.json``, ``config.json`` and ``data/`` (generated data, unless
+``length_generalization.json`` (with ``train_seconds``, the wall time of this
+invocation's training loop), ``config.json`` and ``data/`` (generated data, unless
 ``task.data_dir`` is set).
 
 References:
@@ -23,13 +25,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
+from deq_jax.neural_solver.fit import NeuralSolverSpec
 from deq_jax.training import evaluate
+from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import setup
@@ -150,23 +155,32 @@ def train_and_evaluate(
     )
 
     regression = is_regression(task)
-    train_step = make_train_step(
-        model,
-        task.metrics,
-        run.schedule,
-        mesh,
-        regression=regression,
-        regularizer=regularizer,
-        interventions=interventions,
-        extras=task.batch_extras,
-    )
     spectral_every = regularizer.spectral_every
-    spectral_step = make_spectral_step(
-        model, mesh, regularizer.spectral_iters, extras=task.batch_extras
-    )
-    evaluator = evaluate.Evaluator(
-        model, task, mesh, config.eval.batch_size, max_batches=config.eval.max_batches
-    )
+
+    def build_steps(model):
+        train_step = make_train_step(
+            model,
+            task.metrics,
+            run.schedule,
+            mesh,
+            regression=regression,
+            regularizer=regularizer,
+            interventions=interventions,
+            extras=task.batch_extras,
+        )
+        spectral_step = make_spectral_step(
+            model, mesh, regularizer.spectral_iters, extras=task.batch_extras
+        )
+        evaluator = evaluate.Evaluator(
+            model, task, mesh, config.eval.batch_size, max_batches=config.eval.max_batches
+        )
+        return train_step, spectral_step, evaluator
+
+    train_step, spectral_step, evaluator = build_steps(model)
+    solver_spec = NeuralSolverSpec.from_config(config.get("neural_solver", {}))
+    alternating = None
+    if solver_spec.alternating:
+        alternating = AlternatingSolver(solver_spec, model, task, emit)
     eval_splits = tuple(config.eval.splits) or tuple(task.eval_splits)
     writer = MetricWriter(workdir, tensorboard=config.log.tensorboard, enabled=lead)
     total = tc.steps
@@ -195,8 +209,12 @@ def train_and_evaluate(
 
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, dict] = {}
+    began = time.perf_counter()
     try:
         for step in range(start + 1, stop + 1):
+            if alternating is not None and alternating.due(step, start):
+                train_step, spectral_step, evaluator = build_steps(alternating.refresh(state))
+                progress.restart_clock(step)
             batch = evaluate.device_batch(next(batches), mesh, task.batch_extras)
             if spectral_every and (step - 1) % spectral_every == 0:
                 spectral = jax.device_get(spectral_step(state, batch))
@@ -228,12 +246,14 @@ def train_and_evaluate(
         last_step = max(stop, start)
         ckpt.maybe_save(last_step, state, force=True)
         ckpt.wait()
+        train_seconds = time.perf_counter() - began
         report: dict[str, dict[str, dict]] = {}
         if last_step >= total:
             report = _final_report(config, evaluator, state, task.eval_splits, writer, emit)
             if lead:
+                extra = {"step": last_step, "budgets": _budgets(config)}
                 path = evaluate.write_report(
-                    workdir, report, {"step": last_step, "budgets": _budgets(config)}
+                    workdir, report, {**extra, "train_seconds": train_seconds}
                 )
                 emit(f"Wrote {path}")
             eval_budget = config.model.eval_max_iter or config.model.train_max_iter

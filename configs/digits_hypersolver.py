@@ -1,0 +1,44 @@
+"""A neural solver (HyperAnderson + learned initialiser) for a trained digits DEQ.
+
+Train the DEQ, then its solver with the DEQ frozen, then sweep the solvers::
+
+    python -m launch.main --config configs/digits.py --workdir /tmp/digits
+    python -m launch.main --config configs/digits_hypersolver.py --workdir /tmp/digits_solver \\
+        --config.neural_solver.deq_workdir=/tmp/digits
+    python -m launch.solver_pareto --config configs/digits_hypersolver.py \\
+        --workdir /tmp/digits_solver --config.neural_solver.deq_workdir=/tmp/digits
+
+The task, model and solver sections are those of ``configs/digits.py`` (the checkpoint
+must fit them); ``neural_solver`` sets the solver (see ``configs/default.py``). The
+smoke variant pairs with ``configs/digits.py:smoke``.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default, digits
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The digits solver config; ``arg="smoke"`` gives the seconds-long variant."""
+    arg = default.variant(arg)
+    config = digits.get_config(arg)
+    ns = config.neural_solver
+    ns.ablations = True
+    ns.tol = 1e-3
+    ns.max_iter = 30
+    ns.train_steps = 300
+    ns.batch_size = 32
+    ns.target_batches = 8
+    if arg == "smoke":
+        ns.hidden = 8
+        ns.unroll_steps = 3
+        ns.train_steps = 4
+        ns.batch_size = 8
+        ns.target_batches = 2
+        ns.target_max_iter = 20
+        ns.max_target_residual = 1.0
+        ns.max_iter = 6
+    return config

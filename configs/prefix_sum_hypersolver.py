@@ -1,0 +1,44 @@
+"""A neural solver (HyperAnderson + learned initialiser) for a trained prefix-sum DEQ.
+
+Train the DEQ, then its solver with the DEQ frozen, then sweep the solvers::
+
+    python -m launch.main --config configs/prefix_sum.py --workdir /tmp/ps
+    python -m launch.main --config configs/prefix_sum_hypersolver.py --workdir /tmp/ps_solver \\
+        --config.neural_solver.deq_workdir=/tmp/ps
+    python -m launch.solver_pareto --config configs/prefix_sum_hypersolver.py \\
+        --workdir /tmp/ps_solver --config.neural_solver.deq_workdir=/tmp/ps
+
+The task, model and solver sections are those of ``configs/prefix_sum.py`` (the
+checkpoint must fit them); ``neural_solver`` sets the solver (see ``configs/default.py``).
+The smoke variant pairs with ``configs/prefix_sum.py:smoke``.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default, prefix_sum
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The prefix-sum solver config; ``arg="smoke"`` gives the seconds-long variant."""
+    arg = default.variant(arg)
+    config = prefix_sum.get_config(arg)
+    ns = config.neural_solver
+    ns.ablations = True
+    ns.tol = 1e-3
+    ns.max_iter = 30
+    ns.train_steps = 300
+    ns.batch_size = 32
+    ns.target_batches = 8
+    if arg == "smoke":
+        ns.hidden = 8
+        ns.unroll_steps = 3
+        ns.train_steps = 4
+        ns.batch_size = 8
+        ns.target_batches = 2
+        ns.target_max_iter = 20
+        ns.max_target_residual = 1.0
+        ns.max_iter = 6
+    return config

@@ -1,0 +1,213 @@
+"""Fitting a neural solver to a frozen task model, from the ``neural_solver`` config section.
+
+Shared by the solver's own run (`deq_jax.neural_solver.run`) and by the alternating
+mode of DEQ training (`deq_jax.training.alternating`):
+
+* `NeuralSolverSpec`: the config section as a dataclass (`NeuralSolverSpec.from_config`);
+* `collect_targets`: a pool of ``(args, x, z*)`` batches from a `FrozenDEQ`, with the
+  target solve's residual checked;
+* `fit`: builds (or continues) a solver and an initialiser for the model's state and
+  trains them on the pool (`train_neural_solver`), timed.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2, App. D).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+import optax
+
+from deq_jax._sections import from_section
+from deq_jax.neural_solver.frozen import FrozenDEQ, Targets, initializer_kind, learned_init
+from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
+from deq_jax.neural_solver.solver import init_neural_solver, neural_solver
+from deq_jax.neural_solver.train import train_neural_solver
+from deq_jax.solvers.anderson import anderson
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuralSolverSpec:
+    """The ``neural_solver`` config section (see ``configs/default.py``).
+
+    Attributes:
+      deq_workdir: the trained DEQ's workdir; non-empty makes ``launch.main`` train a
+        solver for it instead of training a DEQ.
+      m, hidden, kernel_size, pool: the `neural_solver` network.
+      tol, max_iter: the trained solver's stopping tolerance and default budget.
+      unroll_steps: ``K``, HyperAnderson steps unrolled in training.
+      train_steps: optimisation steps of a solver fit.
+      batch_size: examples per training batch.
+      target_batches: batches in the pool of known fixed points (cycled through).
+      target_max_iter, target_tol: the Anderson solve giving the fixed points.
+      max_target_residual: the largest mean relative residual of the fixed points
+        accepted (a larger one stops the run: the DEQ does not converge).
+      learning_rate: Adam's learning rate (cosine-decayed to 10% over the fit).
+      l1, l2, l3: the loss weights (``l3`` decays linearly to 0).
+      ablations: also fit the ablations (no initialiser; least-squares alpha).
+      seed: seeds the networks and the data order.
+      alternating: in DEQ training, alternate DEQ and solver training (Appendix D).
+      alt_warmup_steps: DEQ steps before the first solver fit.
+      alt_deq_steps: DEQ steps between solver fine-tunings (``M``).
+      alt_finetune_steps: solver steps of each fine-tuning (``T``).
+    """
+
+    deq_workdir: str = ""
+    m: int = 5
+    hidden: int = 32
+    kernel_size: int = 3
+    pool: str = "mean"
+    tol: float = 1e-3
+    max_iter: int = 30
+    unroll_steps: int = 6
+    train_steps: int = 300
+    batch_size: int = 32
+    target_batches: int = 8
+    target_max_iter: int = 80
+    target_tol: float = 1e-6
+    max_target_residual: float = 1e-2
+    learning_rate: float = 1e-3
+    l1: float = 1.0
+    l2: float = 1.0
+    l3: float = 0.1
+    ablations: bool = False
+    seed: int = 0
+    alternating: bool = False
+    alt_warmup_steps: int = 500
+    alt_deq_steps: int = 500
+    alt_finetune_steps: int = 50
+
+    def __post_init__(self):
+        positive = ("m", "hidden", "kernel_size", "max_iter", "unroll_steps", "train_steps")
+        positive += ("batch_size", "target_batches", "target_max_iter", "alt_deq_steps")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"neural_solver.{name} must be >= 1, got {getattr(self, name)}.")
+
+    @classmethod
+    def from_config(cls, section: Any) -> NeuralSolverSpec:
+        """From a config section; missing fields take the defaults above."""
+        return from_section(cls, section, "neural_solver")
+
+    def target_solver(self) -> anderson:
+        """The classic solver whose long runs give the fixed points."""
+        return anderson(tol=self.target_tol, max_iter=self.target_max_iter)
+
+
+class SolverFit(NamedTuple):
+    """A fitted solver.
+
+    Attributes:
+      solver: the trained `neural_solver`.
+      init: the trained `LearnedInit`, or ``None`` without an initialiser.
+      losses: the training loss per step.
+      seconds: wall time of the fit (training only).
+    """
+
+    solver: neural_solver
+    init: LearnedInit | None
+    losses: np.ndarray
+    seconds: float
+
+
+def collect_targets(
+    frozen: FrozenDEQ,
+    batches: Iterator[dict[str, Any]],
+    count: int,
+    max_residual: float,
+    emit: Callable[[str], None] = print,
+) -> list[Targets]:
+    """``count`` batches of known fixed points, their residual checked.
+
+    Raises:
+      ValueError: if the mean relative residual of the fixed points exceeds
+        ``max_residual`` (the DEQ does not converge well enough to teach a solver).
+    """
+    pool = [frozen.targets(b) for b in itertools.islice(batches, count)]
+    rel = np.concatenate([t.rel_residual for t in pool])
+    emit(
+        f"fixed points of {len(rel)} examples: relative residual mean {rel.mean():.2e}, "
+        f"max {rel.max():.2e} ({frozen.target_solver.max_iter} Anderson steps)"
+    )
+    if not rel.mean() <= max_residual:
+        raise ValueError(
+            f"The target solve leaves a mean relative residual {rel.mean():.2e} > "
+            f"neural_solver.max_target_residual={max_residual:g}: raise "
+            "neural_solver.target_max_iter, or train a more stable DEQ."
+        )
+    return pool
+
+
+def fit(
+    spec: NeuralSolverSpec,
+    frozen: FrozenDEQ,
+    pool: list[Targets],
+    *,
+    num_steps: int,
+    alpha_mode: str = "learned",
+    use_init: bool = True,
+    start: SolverFit | None = None,
+) -> SolverFit:
+    """Trains a solver (and initialiser) for ``frozen``'s state on ``pool``.
+
+    Args:
+      spec: the config section.
+      frozen: the frozen model (``f``).
+      pool: the known fixed points (`collect_targets`), cycled through.
+      num_steps: optimisation steps.
+      alpha_mode: ``"learned"`` or ``"least_squares"`` (see `neural_solver`).
+      use_init: train an initialiser (``False``: start at zero).
+      start: a previous fit to continue (fine-tuning); its hyper-parameters win.
+
+    Returns:
+      A `SolverFit`.
+    """
+    key = jax.random.PRNGKey(spec.seed)
+    state_shape = tuple(pool[0].z_star.shape[1:])
+    if start is not None:
+        solver = start.solver
+        init_params = None if start.init is None else start.init.params.tree
+    else:
+        solver = init_neural_solver(
+            key,
+            state_shape,
+            m=spec.m,
+            hidden=spec.hidden,
+            kernel_size=spec.kernel_size,
+            pool=spec.pool,
+            alpha_mode=alpha_mode,
+            tol=spec.tol,
+            max_iter=spec.max_iter,
+        )
+        init_params = None
+    initializer = None
+    if use_init:
+        initializer = make_initializer(initializer_kind(state_shape), state_shape[-1])
+    data = ((t.args, t.x, t.z_star) for t in itertools.cycle(pool))
+    schedule = optax.cosine_decay_schedule(spec.learning_rate, num_steps, alpha=0.1)
+    began = time.perf_counter()
+    trained = train_neural_solver(
+        solver,
+        initializer,
+        frozen.f,
+        data,
+        num_steps=num_steps,
+        key=jax.random.fold_in(key, 1),
+        steps=spec.unroll_steps,
+        optimizer=optax.adam(schedule),
+        l1=spec.l1,
+        l2=spec.l2,
+        l3=spec.l3 if start is None else 0.0,
+        init_params=init_params,
+    )
+    jax.block_until_ready(trained.solver.variables)
+    seconds = time.perf_counter() - began
+    init = None if initializer is None else learned_init(state_shape, trained.init_params)
+    return SolverFit(trained.solver, init, trained.losses, seconds)

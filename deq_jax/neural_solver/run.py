@@ -1,0 +1,267 @@
+"""`train_hypersolver(config, workdir)`: a neural solver for a trained DEQ, from a config.
+
+The config is the DEQ's own (task, model, solver, ... sections) plus a ``neural_solver``
+section whose ``deq_workdir`` names the trained DEQ's workdir. The run
+
+1. restores the DEQ's latest checkpoint (`deq_jax.training.setup`);
+2. solves ``target_batches`` training batches to their fixed points with Anderson run
+   long and checks the residual (`collect_targets`);
+3. fits the HyperAnderson solver and the initialiser with the DEQ frozen (`fit`) and,
+   with ``ablations``, the "no initialiser" and "least-squares alpha + learned beta"
+   variants;
+4. checkpoints each with orbax (``{workdir}/checkpoints``, ``{workdir}/ablations/<name>``),
+   evaluates the model on the eval splits with Anderson and with the trained solver at
+   the solver's budget, and writes ``neural_solver.json`` (parameter counts, the fit's
+   time against the DEQ's training time, the evaluation).
+
+`load_hypersolver` restores the trained solvers for `launch/solver_pareto.py`. The fit
+runs on one device: the solver's network is tiny and its batches are small.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from deq_jax.neural_solver.fit import NeuralSolverSpec, SolverFit, collect_targets, fit
+from deq_jax.neural_solver.frozen import FrozenDEQ, initializer_kind, learned_init
+from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
+from deq_jax.neural_solver.solver import init_neural_solver, neural_solver
+
+REPORT_FILE = "neural_solver.json"
+# The variants a run fits: name -> (alpha_mode, with an initialiser).
+VARIANTS = {
+    "hyper_anderson": ("learned", True),
+    "no_init": ("learned", False),
+    "ls_alpha": ("least_squares", True),
+}
+
+
+def variant_dir(workdir: str, name: str) -> str:
+    """Where a variant's checkpoints go: the workdir, or ``ablations/<name>`` in it."""
+    return workdir if name == "hyper_anderson" else os.path.join(workdir, "ablations", name)
+
+
+class HyperSolverRun(NamedTuple):
+    """A trained DEQ with its fitted solvers.
+
+    Attributes:
+      deq: the DEQ's `deq_jax.training.Run` (model, task, restored state, mesh).
+      frozen: the `FrozenDEQ` of that model.
+      solvers: ``{variant: (neural_solver, LearnedInit or None)}``.
+      report: the run's ``neural_solver.json``.
+    """
+
+    deq: Any
+    frozen: FrozenDEQ
+    solvers: dict[str, tuple[neural_solver, LearnedInit | None]]
+    report: dict[str, Any]
+
+
+def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, FrozenDEQ]:
+    """The trained DEQ of ``config.neural_solver.deq_workdir`` and its `FrozenDEQ`.
+
+    Raises:
+      ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
+    """
+    from deq_jax.training.setup import setup
+
+    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    if not spec.deq_workdir:
+        raise ValueError(
+            "Set --config.neural_solver.deq_workdir to the workdir of a trained DEQ (train "
+            "one with python -m launch.main --config configs/<task>.py --workdir DIR)."
+        )
+    deq = setup(config, spec.deq_workdir)
+    deq.checkpointer.close()
+    if deq.start_step == 0:
+        raise ValueError(
+            f"No checkpoint in {spec.deq_workdir}: train the DEQ first with python -m "
+            "launch.main and the same config (without the neural_solver section), then "
+            "point neural_solver.deq_workdir at its workdir."
+        )
+    emit(f"restored the DEQ at step {deq.start_step} from {spec.deq_workdir}")
+    variables = jax.device_get(deq.state.variables())
+    frozen = FrozenDEQ(
+        deq.model,
+        variables,
+        target_solver=spec.target_solver(),
+        extras=deq.task.batch_extras,
+    )
+    return deq, frozen
+
+
+def _count(tree: Any) -> int:
+    return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _save(directory: str, step: int, fitted: SolverFit) -> None:
+    from deq_jax.training.checkpoint import Checkpointer
+
+    tree = {"solver": fitted.solver.variables}
+    if fitted.init is not None:
+        tree["init"] = fitted.init.params.tree
+    ckpt = Checkpointer(directory, every_steps=1, keep=1)
+    ckpt.maybe_save(step, tree, force=True)
+    ckpt.close()
+
+
+def _deq_train_seconds(deq_workdir: str) -> float | None:
+    path = os.path.join(deq_workdir, "length_generalization.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("train_seconds")
+
+
+def _evaluate(config: Any, deq: Any, frozen: FrozenDEQ, fitted: SolverFit) -> dict:
+    """Eval-split metrics with Anderson and with the fitted solver, at ``spec.max_iter``
+    (``eval.batch_size`` and ``eval.max_batches`` of the config)."""
+    from deq_jax.solvers.anderson import anderson
+    from deq_jax.training.evaluate import Evaluator
+
+    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    models = {
+        "anderson": frozen.with_solver(anderson(tol=spec.tol, max_iter=spec.max_iter)),
+        "neural": frozen.with_solver(fitted.solver, fitted.init or "keep"),
+    }
+    out = {}
+    for name, model in models.items():
+        evaluator = Evaluator(
+            model, deq.task, deq.mesh, config.eval.batch_size, config.eval.max_batches
+        )
+        out[name] = evaluator.evaluate_splits(deq.state, deq.task.eval_splits, spec.max_iter)
+    return jax.tree_util.tree_map(float, out)
+
+
+def train_hypersolver(
+    config: Any, workdir: str, *, emit: Callable[[str], None] = print
+) -> HyperSolverRun:
+    """Fits a neural solver (and its ablations) to the DEQ of ``neural_solver.deq_workdir``.
+
+    Args:
+      config: the DEQ's config with a ``neural_solver`` section (see
+        ``configs/default.py`` and ``configs/prefix_sum_hypersolver.py``).
+      workdir: where the solver's checkpoints and ``neural_solver.json`` go.
+      emit: receives every human-readable line.
+
+    Returns:
+      A `HyperSolverRun`.
+
+    Raises:
+      ValueError: if the DEQ's workdir has no checkpoint, or the DEQ does not converge
+        well enough to give fixed points (see `collect_targets`).
+    """
+    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    os.makedirs(workdir, exist_ok=True)
+    deq, frozen = restore_deq(config, emit)
+    batches = deq.task.train_iterator(spec.batch_size, seed=spec.seed + 1)
+    began = time.perf_counter()
+    pool = collect_targets(frozen, batches, spec.target_batches, spec.max_target_residual, emit)
+    target_seconds = time.perf_counter() - began
+    names = list(VARIANTS) if spec.ablations else ["hyper_anderson"]
+    fits: dict[str, SolverFit] = {}
+    for name in names:
+        alpha_mode, use_init = VARIANTS[name]
+        fits[name] = fit(
+            spec, frozen, pool, num_steps=spec.train_steps, alpha_mode=alpha_mode, use_init=use_init
+        )
+        losses = fits[name].losses
+        emit(
+            f"{name}: {spec.train_steps} steps in {fits[name].seconds:.1f} s, loss "
+            f"{losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
+        )
+        _save(variant_dir(workdir, name), spec.train_steps, fits[name])
+    main = fits["hyper_anderson"]
+    deq_params = _count(deq.state.params)
+    solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
+    deq_seconds = _deq_train_seconds(spec.deq_workdir)
+    fit_seconds = target_seconds + main.seconds
+    report = {
+        "deq_workdir": spec.deq_workdir,
+        "state_shape": list(pool[0].z_star.shape[1:]),
+        "input_shape": list(pool[0].x.shape[1:]),
+        "spec": {k: v for k, v in vars(spec).items()},
+        "deq_params": deq_params,
+        "solver_params": solver_params,
+        "param_fraction": solver_params / deq_params,
+        "target_seconds": target_seconds,
+        "fit_seconds": {name: f.seconds for name, f in fits.items()},
+        "deq_train_seconds": deq_seconds,
+        "time_fraction": None if not deq_seconds else fit_seconds / deq_seconds,
+        "final_loss": {name: float(np.mean(f.losses[-10:])) for name, f in fits.items()},
+        "eval": _evaluate(config, deq, frozen, main),
+    }
+    with open(os.path.join(workdir, REPORT_FILE), "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    emit(
+        f"solver: {solver_params} parameters ({100 * report['param_fraction']:.2f}% of the "
+        f"DEQ's {deq_params}); fit {fit_seconds:.1f} s"
+        + (f" ({100 * report['time_fraction']:.1f}% of the DEQ's training)" if deq_seconds else "")
+    )
+    for name, by_split in report["eval"].items():
+        for split, metrics in by_split.items():
+            shown = {k: v for k, v in metrics.items() if k.endswith("accuracy") or k == "mse"}
+            shown["nstep_mean"] = metrics["nstep_mean"]
+            emit(f"eval {name} {split}: " + "  ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+    emit(f"Wrote {os.path.join(workdir, REPORT_FILE)}")
+    solvers = {name: (f.solver, f.init) for name, f in fits.items()}
+    return HyperSolverRun(deq, frozen, solvers, report)
+
+
+def load_hypersolver(
+    config: Any, workdir: str, emit: Callable[[str], None] = print
+) -> HyperSolverRun:
+    """Restores the solvers `train_hypersolver` wrote to ``workdir`` (and their DEQ).
+
+    Raises:
+      FileNotFoundError: if ``workdir`` holds no ``neural_solver.json``.
+    """
+    from deq_jax.training.checkpoint import Checkpointer
+
+    path = os.path.join(workdir, REPORT_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No {REPORT_FILE} in {workdir}: run train_hypersolver first.")
+    with open(path) as f:
+        report = json.load(f)
+    spec = NeuralSolverSpec.from_config(report["spec"])
+    deq, frozen = restore_deq(config, emit)
+    state_shape = tuple(report["state_shape"])
+    key = jax.random.PRNGKey(0)
+    solvers = {}
+    for name, (alpha_mode, use_init) in VARIANTS.items():
+        directory = (
+            workdir if name == "hyper_anderson" else os.path.join(workdir, "ablations", name)
+        )
+        if not os.path.isdir(os.path.join(directory, "checkpoints")):
+            continue
+        solver = init_neural_solver(
+            key,
+            state_shape,
+            m=spec.m,
+            hidden=spec.hidden,
+            kernel_size=spec.kernel_size,
+            pool=spec.pool,
+            alpha_mode=alpha_mode,
+            tol=spec.tol,
+            max_iter=spec.max_iter,
+        )
+        template = {"solver": solver.variables}
+        if use_init:
+            module = make_initializer(initializer_kind(state_shape), state_shape[-1])
+            template["init"] = module.init(key, np.zeros((1, *report["input_shape"]), np.float32))
+        ckpt = Checkpointer(directory, every_steps=1, keep=1)
+        tree, _ = ckpt.restore_or_init(template)
+        ckpt.close()
+        init = learned_init(state_shape, tree["init"]) if use_init else None
+        solvers[name] = (solver.with_params(tree["solver"]), init)
+    return HyperSolverRun(deq, frozen, solvers, report)

@@ -1,0 +1,250 @@
+"""Speed/accuracy Pareto curves of the classic solvers and the neural solver on a trained DEQ.
+
+For the DEQ and the solvers that ``launch.main`` trained with a ``*_hypersolver``
+config, sweeps the iteration budget of every solver -- Anderson, Broyden, fixed-point
+iteration, the neural solver, and the ablations (no initialiser, initialiser only with
+Anderson, least-squares alpha with learned beta) -- and measures on the same eval
+batches: the wall time per batch (median over ``--repeats`` timed calls after
+compilation, the solvers interleaved so they share the machine's load), the relative
+residual and the task metric. Every solve runs its whole budget (``tol=1e-30``). Writes
+``solver_pareto.json`` (with a summary: the time each solver needs to reach a relative
+residual of 1e-3 and Anderson's best metric, and the neural solver's speed-up) and
+``solver_pareto.png`` (the paper's Figure 4: metric and residual against time; Figure
+8a: residual against solver step, past the ``K`` steps the solver was trained on)::
+
+    python -m launch.solver_pareto --config configs/prefix_sum_hypersolver.py \\
+        --workdir /tmp/ps_solver --config.neural_solver.deq_workdir=/tmp/ps --split test_32
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Figures 4, 8a).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from launch import main as launch_main
+
+DEFAULT_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+RESIDUAL_GOAL = 1e-3
+# A tolerance no solve reaches: every solve runs its whole budget.
+NEVER = 1e-30
+# The metric a solver must reach: Anderson's best, less this margin.
+METRIC_MARGIN = 0.005
+REPORT_FILE = "solver_pareto.json"
+
+
+def define_flags() -> None:
+    """This program's flags (``--config`` and ``--workdir`` come from `launch.main`)."""
+    flags.DEFINE_list("budgets", [str(b) for b in DEFAULT_BUDGETS], "Iteration budgets.")
+    flags.DEFINE_integer("repeats", 7, "Timed calls per solver and budget (median kept).")
+    flags.DEFINE_integer("max_batches", 2, "Eval batches for residual and metric.")
+    flags.DEFINE_string("split", "", "Eval split (empty: the task's first eval split).")
+
+
+def solver_lineup(hyper: Any) -> dict[str, tuple[Any, Any]]:
+    """``{name: (solver, z_init)}``: the classic solvers from zero, the neural ones."""
+    from deq_jax import solvers
+
+    lineup = {
+        "anderson": (solvers.anderson(m=5), "zeros"),
+        "broyden": (solvers.broyden(), "zeros"),
+        "fixed_point_iteration": (solvers.fixed_point_iteration(), "zeros"),
+    }
+    for name, (solver, init) in hyper.solvers.items():
+        lineup[name] = (solver, init or "zeros")
+    main_init = hyper.solvers["hyper_anderson"][1]
+    if main_init is not None:
+        lineup["init_only"] = (solvers.anderson(m=5), main_init)
+    return lineup
+
+
+def metric_key(metrics: dict[str, float]) -> tuple[str, bool]:
+    """The task metric reported and whether higher is better."""
+    for key in ("string_accuracy", "maze_accuracy", "accuracy"):
+        if key in metrics:
+            return key, True
+    return "mse", False
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    began = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - began
+
+
+def sweep(
+    hyper: Any, split: str, budgets: Sequence[int], repeats: int, max_batches: int, batch_size: int
+) -> dict[str, list[dict[str, float]]]:
+    """``{solver: [row per budget]}`` with time, residual, metric and nstep per row."""
+    from deq_jax.training import evaluate, steps
+
+    deq, frozen = hyper.deq, hyper.frozen
+    task, mesh, state = deq.task, deq.mesh, deq.state
+    extras = tuple(task.batch_extras)
+    batches = list(task.eval_iterator(split, batch_size))[:max_batches]
+    batches = [evaluate.device_batch(b, mesh, extras) for b in batches]
+    calls = {}
+    for name, (solver, z_init) in solver_lineup(hyper).items():
+        for budget in budgets:
+            model = frozen.with_solver(solver.replace(tol=NEVER, max_iter=budget), z_init)
+            calls[name, budget] = steps.make_eval_step(
+                model,
+                task.metrics,
+                mesh,
+                budget,
+                regression=steps.is_regression(task),
+                extras=extras,
+            )
+    results = {
+        key: steps.combine(jax.device_get([fn(state, b) for b in batches]))
+        for key, fn in calls.items()
+    }
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
+    for _ in range(repeats):  # interleaved, so every solver sees the same load
+        for key, fn in calls.items():
+            times[key].append(_timed(lambda fn=fn: fn(state, batches[0])))
+    table: dict[str, list[dict[str, float]]] = {}
+    for (name, budget), metrics in results.items():
+        row = {k: float(v) for k, v in metrics.items()}
+        row.update(budget=budget, seconds=float(np.median(times[name, budget])))
+        table.setdefault(name, []).append(row)
+    return table
+
+
+def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> dict[str, list]:
+    """Mean relative residual after each solver step (Figure 8a), one batch."""
+    from deq_jax.analysis.model_analysis import deq_call
+
+    task = hyper.deq.task
+    batch = next(iter(task.eval_iterator(split, batch_size)))
+    extras = {k: batch[k] for k in task.batch_extras}
+    curves = {}
+    for name, (solver, z_init) in solver_lineup(hyper).items():
+        model = hyper.frozen.with_solver(
+            solver.replace(tol=NEVER, max_iter=steps_max, stop_mode="rel"), z_init
+        )
+        call = jax.jit(
+            lambda v, x, e, model=model: deq_call(model, v, x, max_iter=steps_max, **e).stats.trace
+        )
+        trace = np.asarray(call(hyper.frozen.variables, batch["inputs"], extras))  # [B, T]
+        curves[name] = [float(x) for x in np.mean(trace, axis=0)]
+    return curves
+
+
+def _first(rows: list[dict], ok: Callable[[dict], bool]) -> dict | None:
+    """The cheapest row (by time) meeting ``ok``."""
+    good = [r for r in rows if ok(r)]
+    return min(good, key=lambda r: r["seconds"]) if good else None
+
+
+def summarize(table: dict[str, list[dict]], curves: dict[str, list], unroll: int) -> dict:
+    """Time to the residual goal and to Anderson's metric, speed-ups, stability past ``K``."""
+    key, higher = metric_key(table["anderson"][0])
+    best = max(table["anderson"], key=lambda r: r["budget"])[key]
+    target = best - METRIC_MARGIN if higher else best * (1 + METRIC_MARGIN)
+    meets = (lambda r: r[key] >= target) if higher else (lambda r: r[key] <= target)
+    out: dict[str, Any] = {"metric": key, "metric_target": target, "residual_goal": RESIDUAL_GOAL}
+    for name, rows in table.items():
+        at_res = _first(rows, lambda r: r["rel_residual"] <= RESIDUAL_GOAL)
+        at_metric = _first(rows, meets)
+        curve = curves.get(name, [])
+        out[name] = {
+            "seconds_to_residual": at_res and at_res["seconds"],
+            "budget_to_residual": at_res and at_res["budget"],
+            "seconds_to_metric": at_metric and at_metric["seconds"],
+            "budget_to_metric": at_metric and at_metric["budget"],
+            "residual_at_K": curve[unroll - 1] if len(curve) >= unroll else None,
+            "residual_at_2K": curve[2 * unroll - 1] if len(curve) >= 2 * unroll else None,
+            "residual_at_end": curve[-1] if curve else None,
+        }
+    for name in table:
+        for what in ("residual", "metric"):
+            mine, ref = out[name][f"seconds_to_{what}"], out["anderson"][f"seconds_to_{what}"]
+            out[name][f"speedup_{what}_vs_anderson"] = ref / mine if mine and ref else None
+    return out
+
+
+def run_pareto(
+    config: Any,
+    workdir: str,
+    *,
+    budgets: Sequence[int] = DEFAULT_BUDGETS,
+    repeats: int = 7,
+    max_batches: int = 2,
+    split: str = "",
+    emit: Callable[[str], None] = print,
+) -> dict:
+    """Sweeps, summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
+    from deq_jax.neural_solver.run import load_hypersolver
+    from launch.solver_pareto_plots import plot_pareto
+
+    hyper = load_hypersolver(config, workdir, emit)
+    split = split or hyper.deq.task.eval_splits[0]
+    unroll = int(hyper.report["spec"]["unroll_steps"])
+    batch_size = config.eval.batch_size
+    table = sweep(hyper, split, budgets, repeats, max_batches, batch_size)
+    curves = residual_curves(hyper, split, max(max(budgets), 4 * unroll), batch_size)
+    report = {
+        "split": split,
+        "budgets": list(budgets),
+        "repeats": repeats,
+        "batch_size": batch_size,
+        "devices": jax.device_count(),
+        "unroll_steps": unroll,
+        "solver_fit": {k: hyper.report[k] for k in ("param_fraction", "time_fraction")},
+        "table": table,
+        "residual_curves": curves,
+        "summary": summarize(table, curves, unroll),
+    }
+    path = os.path.join(workdir, REPORT_FILE)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    figure = plot_pareto(report, os.path.join(workdir, "solver_pareto.png"))
+    key = report["summary"]["metric"]
+    emit(f"split {split}, {batch_size} examples per batch; seconds per batch (median):")
+    for name in table:
+        s = report["summary"][name]
+        emit(
+            f"  {name:22s} to residual {RESIDUAL_GOAL:g}: budget {s['budget_to_residual']}, "
+            f"{_fmt(s['seconds_to_residual'])} s (x{_fmt(s['speedup_residual_vs_anderson'])}); "
+            f"to {key} {report['summary']['metric_target']:.4f}: budget "
+            f"{s['budget_to_metric']}, {_fmt(s['seconds_to_metric'])} s "
+            f"(x{_fmt(s['speedup_metric_vs_anderson'])}); residual at K/2K/end "
+            f"{_fmt(s['residual_at_K'])}/{_fmt(s['residual_at_2K'])}/{_fmt(s['residual_at_end'])}"
+        )
+    emit(f"Wrote {path} and {figure}")
+    return report
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    launch_main.quiet_library_logs()
+    flag = flags.FLAGS
+    run_pareto(
+        launch_main._CONFIG.value,
+        launch_main._WORKDIR.value,
+        budgets=[int(b) for b in flag.budgets],
+        repeats=flag.repeats,
+        max_batches=flag.max_batches,
+        split=flag.split,
+        emit=lambda line: print(line, flush=True),
+    )
+
+
+if __name__ == "__main__":
+    define_flags()
+    launch_main.run(main)

@@ -1,0 +1,57 @@
+"""The PNG of `launch.solver_pareto`: the paper's Figure 4 and Figure 8a in one image.
+
+Left: the task metric against wall time per batch; middle: the relative residual
+against wall time (log scale), one line per solver over its budgets; right: the mean
+relative residual after each solver step, with the neural solver's training horizon
+``K`` marked.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Figures 4, 8a).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_STYLES = {
+    "anderson": ("tab:blue", "-"),
+    "broyden": ("tab:orange", "-"),
+    "fixed_point_iteration": ("tab:gray", "-"),
+    "hyper_anderson": ("tab:red", "-"),
+    "no_init": ("tab:red", ":"),
+    "ls_alpha": ("tab:purple", "--"),
+    "init_only": ("tab:green", "--"),
+}
+
+
+def plot_pareto(report: dict[str, Any], path: str) -> str:
+    """Writes the three panels to ``path``; returns it."""
+    key = report["summary"]["metric"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for name, rows in report["table"].items():
+        color, style = _STYLES.get(name, ("black", "-"))
+        rows = sorted(rows, key=lambda r: r["budget"])
+        ms = [1000 * r["seconds"] for r in rows]
+        axes[0].plot(ms, [r[key] for r in rows], style, color=color, marker="o", ms=3, label=name)
+        axes[1].plot(ms, [r["rel_residual"] for r in rows], style, color=color, marker="o", ms=3)
+        curve = report["residual_curves"].get(name, [])
+        axes[2].plot(range(1, len(curve) + 1), curve, style, color=color, label=name)
+    axes[0].set(xlabel="ms per batch", ylabel=key, title=f"{key} vs time ({report['split']})")
+    axes[1].set(xlabel="ms per batch", ylabel="relative residual", yscale="log")
+    axes[1].axhline(report["summary"]["residual_goal"], color="black", lw=0.5)
+    axes[1].set_title("residual vs time")
+    axes[2].set(xlabel="solver step", ylabel="relative residual", yscale="log")
+    axes[2].axvline(report["unroll_steps"], color="black", lw=0.5, ls=":")
+    axes[2].set_title("residual vs step (dotted: trained K)")
+    axes[0].legend(fontsize=7)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,226 @@
+"""The neural solver on trained task models: LearnedInit in the DEQ, the least-squares
+alpha ablation, FrozenDEQ targets, the hypersolver run, solver_pareto, alternating mode."""
+
+import json
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import deq_jax as dj
+from configs import digits, digits_hypersolver, prefix_sum_hypersolver
+from deq_jax.neural_solver import hyper_anderson_init, hyper_anderson_step, init_neural_solver
+from deq_jax.neural_solver.fit import NeuralSolverSpec
+from deq_jax.neural_solver.frozen import FrozenDEQ, initializer_kind
+from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
+from deq_jax.neural_solver.loss import neural_solver_loss
+from deq_jax.neural_solver.run import load_hypersolver, train_hypersolver
+from deq_jax.solvers.anderson import anderson_weights
+from deq_jax.training import train_and_evaluate
+from deq_jax.training.alternating import AlternatingSolver
+from deq_jax.training.setup import setup
+
+
+def _affine(d=6, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(d, d))
+    a = 0.6 * a / np.linalg.norm(a, 2)
+    b = rng.normal(size=(d,))
+    return jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+
+
+def test_learned_init_is_hashable_and_maps_x_to_state():
+    module = make_initializer("sequence", 4)
+    params = module.init(jax.random.PRNGKey(0), jnp.ones((1, 5, 3)))
+    params = jax.tree_util.tree_map(lambda p: p + 0.1, params)
+    a, b = LearnedInit("sequence", 4, params), LearnedInit("sequence", 4, params)
+    assert hash(a) == hash(b) and a == b
+    z0 = a(jnp.ones((2, 5, 3)))
+    chex.assert_shape(z0, (2, 5, 4))
+    assert float(jnp.abs(z0).sum()) > 0
+    with pytest.raises(ValueError, match="kind"):
+        LearnedInit("graph", 4, params)
+
+
+def test_deq_starts_at_a_callable_z_init():
+    cell = dj.nn.MLPCell(features=3) if hasattr(dj.nn, "MLPCell") else None
+    if cell is None:
+        pytest.skip("no MLPCell")
+    seen = []
+
+    class Start:
+        def __call__(self, x):
+            seen.append(x.shape)
+            return jnp.full(x.shape[:-1] + (3,), 0.5)
+
+        def __hash__(self):
+            return 1
+
+    x = jnp.ones((2, 3))
+    deq = dj.nn.DEQ(cell, z_init=Start(), solver=dj.solvers.anderson(max_iter=1))
+    variables = deq.init(jax.random.PRNGKey(0), x, train=False)
+    z, _ = deq.apply(variables, x, train=False)
+    assert seen and seen[-1] == (2, 3)
+    chex.assert_shape(z, (2, 3))
+    with pytest.raises(ValueError, match="callable"):
+        dj.nn.DEQ(cell, z_init="ones")
+
+
+def test_least_squares_alpha_matches_anderson_weights():
+    a, b = _affine()
+    solver = init_neural_solver(jax.random.PRNGKey(0), (6,), m=3, alpha_mode="least_squares")
+    z = jnp.zeros((2, 6))
+    aux = hyper_anderson_init(z, 3, 6)
+    gs = []
+    for k in range(1, 4):
+        fz = z @ a.T + b
+        out = hyper_anderson_step(
+            solver.net, solver.variables, aux, z, fz, jnp.int32(k), (6,), "mean", "least_squares"
+        )
+        gs.append(fz - z)
+        aux, z = out.state, out.z_next
+    g = jnp.stack(gs, axis=1)  # [B, 3, D], ring slots 0..2
+    gram = jnp.einsum("bmd,bnd->bmn", g, g)
+    valid = jnp.array([True, True, True, False])
+    gram = jnp.pad(gram, ((0, 0), (0, 1), (0, 1)))
+    expected = anderson_weights(gram, valid, 1e-4)
+    chex.assert_trees_all_close(out.alpha, expected, atol=1e-5)
+
+
+def test_least_squares_alpha_solver_converges():
+    a, b = _affine()
+    solver = init_neural_solver(
+        jax.random.PRNGKey(0), (6,), m=4, alpha_mode="least_squares", tol=1e-5, max_iter=60
+    )
+    sol = dj.fixed_point(lambda z, p: z @ p[0].T + p[1], jnp.zeros((3, 6)), (a, b), solver=solver)
+    assert bool(jnp.all(sol.stats.converged))
+    with pytest.raises(ValueError, match="alpha_mode"):
+        init_neural_solver(jax.random.PRNGKey(0), (6,), alpha_mode="softmax")
+
+
+def test_loss_without_initializer_starts_at_zero():
+    a, b = _affine()
+    solver = init_neural_solver(jax.random.PRNGKey(0), (6,))
+    z_star = jnp.tile(jnp.linalg.solve(jnp.eye(6) - a, b)[None], (2, 1))
+    params = {"solver": solver.variables, "init": None}
+    f = lambda z, p: z @ p[0].T + p[1]
+    loss, metrics = neural_solver_loss(
+        params, solver, None, f, (a, b), jnp.ones((2, 6)), z_star, steps=3
+    )
+    assert jnp.isfinite(loss)
+    chex.assert_trees_all_close(metrics["init"], jnp.mean(jnp.sum(z_star**2, -1)), rtol=1e-5)
+
+
+def test_spec_validates_and_lists_keys():
+    with pytest.raises(ValueError, match="unroll_steps"):
+        NeuralSolverSpec.from_config({"unroll_step": 3})
+    with pytest.raises(ValueError, match=">= 1"):
+        NeuralSolverSpec(train_steps=0)
+    assert initializer_kind((8, 8, 4)) == "image"
+    with pytest.raises(ValueError, match="per-sample shape"):
+        initializer_kind((2, 2, 2, 2))
+
+
+@pytest.fixture(scope="module")
+def trained_digits(tmp_path_factory):
+    """A smoke-sized digits DEQ trained once for the tests below."""
+    workdir = str(tmp_path_factory.mktemp("digits_deq"))
+    config = digits.get_config("smoke")
+    train_and_evaluate(config, workdir, emit=lambda line: None)
+    return workdir
+
+
+def test_frozen_deq_targets_are_fixed_points(trained_digits):
+    run = setup(digits.get_config("smoke"), trained_digits)
+    run.checkpointer.close()
+    frozen = FrozenDEQ(run.model, jax.device_get(run.state.variables()))
+    batch = next(run.task.train_iterator(8))
+    t = frozen.targets(batch)
+    chex.assert_shape(t.z_star, (8, 8, 8, 8))
+    chex.assert_shape(t.x, (8, 8, 8, 8))
+    fz = frozen.f(t.z_star, t.args)
+    rel = jnp.linalg.norm((fz - t.z_star).reshape(8, -1), axis=1) / jnp.linalg.norm(
+        fz.reshape(8, -1), axis=1
+    )
+    assert float(jnp.max(rel)) < 1e-3
+    np.testing.assert_allclose(t.rel_residual, rel, rtol=0.05, atol=1e-6)
+
+
+def test_hypersolver_run_checkpoints_and_reloads(trained_digits, tmp_path):
+    config = digits_hypersolver.get_config("smoke")
+    config.neural_solver.deq_workdir = trained_digits
+    lines = []
+    run = train_hypersolver(config, str(tmp_path), emit=lines.append)
+    report = json.load(open(tmp_path / "neural_solver.json"))
+    assert report["solver_params"] > 0 and report["deq_params"] > 0
+    assert set(report["eval"]) == {"anderson", "neural"}
+    assert set(report["fit_seconds"]) == {"hyper_anderson", "no_init", "ls_alpha"}
+    assert report["time_fraction"] is not None  # the DEQ run recorded train_seconds
+    assert os.path.isdir(tmp_path / "ablations" / "ls_alpha" / "checkpoints")
+    loaded = load_hypersolver(config, str(tmp_path), emit=lines.append)
+    assert set(loaded.solvers) == {"hyper_anderson", "no_init", "ls_alpha"}
+    solver, init = loaded.solvers["hyper_anderson"]
+    assert solver == run.solvers["hyper_anderson"][0] and init == run.solvers["hyper_anderson"][1]
+    assert loaded.solvers["no_init"][1] is None
+    assert loaded.solvers["ls_alpha"][0].alpha_mode == "least_squares"
+
+
+def test_hypersolver_without_checkpoint_says_what_to_do(tmp_path):
+    config = prefix_sum_hypersolver.get_config("smoke")
+    config.neural_solver.deq_workdir = str(tmp_path / "empty")
+    with pytest.raises(ValueError, match="train the DEQ first"):
+        train_hypersolver(config, str(tmp_path / "solver"), emit=lambda line: None)
+
+
+def test_solver_pareto_writes_curves_and_summary(trained_digits, tmp_path):
+    from launch.solver_pareto import run_pareto
+
+    config = digits_hypersolver.get_config("smoke")
+    config.neural_solver.deq_workdir = trained_digits
+    config.neural_solver.ablations = False
+    train_hypersolver(config, str(tmp_path), emit=lambda line: None)
+    report = run_pareto(
+        config, str(tmp_path), budgets=(1, 3), repeats=1, max_batches=1, emit=lambda line: None
+    )
+    assert set(report["table"]) == {
+        "anderson",
+        "broyden",
+        "fixed_point_iteration",
+        "hyper_anderson",
+        "init_only",
+    }
+    for rows in report["table"].values():
+        assert [r["budget"] for r in sorted(rows, key=lambda r: r["budget"])] == [1, 3]
+        assert all(r["seconds"] > 0 and np.isfinite(r["rel_residual"]) for r in rows)
+    curve = report["residual_curves"]["hyper_anderson"]
+    assert len(curve) == max(3, 4 * report["unroll_steps"])
+    assert report["summary"]["anderson"]["speedup_metric_vs_anderson"] == 1.0
+    assert os.path.exists(tmp_path / "solver_pareto.png")
+
+
+def test_alternating_schedule():
+    spec = NeuralSolverSpec(alternating=True, alt_warmup_steps=4, alt_deq_steps=3)
+    alt = AlternatingSolver.__new__(AlternatingSolver)
+    alt.spec = spec
+    due = [s for s in range(1, 15) if alt.due(s, start=0)]
+    assert due == [5, 8, 11, 14]
+    assert alt.due(7, start=6)  # a resumed run refits at once past the warm-up
+    assert not alt.due(3, start=2)
+
+
+def test_alternating_training_fits_and_fine_tunes(tmp_path):
+    config = digits.get_config("smoke")
+    config.train.steps = 6
+    ns = config.neural_solver
+    ns.alternating, ns.alt_warmup_steps, ns.alt_deq_steps = True, 2, 2
+    ns.train_steps, ns.alt_finetune_steps, ns.batch_size, ns.target_batches = 2, 1, 8, 1
+    ns.hidden = 8
+    lines = []
+    result = train_and_evaluate(config, str(tmp_path), emit=lines.append)
+    assert sum("neural solver fitted" in line for line in lines) == 1
+    assert sum("neural solver fine-tuned" in line for line in lines) == 1
+    assert result.step == 6
+    chex.assert_tree_all_finite(result.state.params)
