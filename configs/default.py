@@ -177,6 +177,8 @@ def get_config() -> ConfigDict:
             hidden=32,
             kernel_size=3,
             pool="mean",
+            init_hidden=0,
+            init_kernel_size=3,
             tol=1e-3,
             max_iter=30,
             unroll_steps=6,

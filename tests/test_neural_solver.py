@@ -103,6 +103,11 @@ def test_pool_residual():
     np.testing.assert_allclose(ns.pool_residual(g, (12,), "mean"), g)
     with pytest.raises(ValueError, match="values per sample"):
         ns.pool_residual(g, (5,), "mean")
+    # Built for length 5, run on length 3: pooling only needs the channels.
+    np.testing.assert_allclose(ns.pool_residual(g, (5, 4), "last"), seq[:, -1])
+    np.testing.assert_allclose(ns.pool_residual(g, (2, 2, 4), "mean"), seq.mean(1))
+    with pytest.raises(ValueError, match="multiple of 5"):
+        ns.pool_residual(g, (3, 5), "mean")
 
 
 class _PickNet:

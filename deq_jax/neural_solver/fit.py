@@ -41,6 +41,8 @@ class NeuralSolverSpec:
       deq_workdir: the trained DEQ's workdir; non-empty makes ``launch.main`` train a
         solver for it instead of training a DEQ.
       m, hidden, kernel_size, pool: the `neural_solver` network.
+      init_hidden: channels of a sequence initialiser's convolution (0: the state's).
+      init_kernel_size: the initialiser's convolution width (sequences and images).
       tol, max_iter: the trained solver's stopping tolerance and default budget.
       unroll_steps: ``K``, HyperAnderson steps unrolled in training.
       train_steps: optimisation steps of a solver fit.
@@ -64,6 +66,8 @@ class NeuralSolverSpec:
     hidden: int = 32
     kernel_size: int = 3
     pool: str = "mean"
+    init_hidden: int = 0
+    init_kernel_size: int = 3
     tol: float = 1e-3
     max_iter: int = 30
     unroll_steps: int = 6
@@ -95,6 +99,15 @@ class NeuralSolverSpec:
     def from_config(cls, section: Any) -> NeuralSolverSpec:
         """From a config section; missing fields take the defaults above."""
         return from_section(cls, section, "neural_solver")
+
+    def init_options(self, state_shape: tuple[int, ...]) -> dict[str, Any]:
+        """The initialiser's keywords for this state (see `make_initializer`)."""
+        kind = initializer_kind(state_shape)
+        if kind == "sequence":
+            return {"hidden": self.init_hidden or None, "kernel_size": self.init_kernel_size}
+        if kind == "image":
+            return {"kernel_size": self.init_kernel_size}
+        return {}
 
     def target_solver(self) -> anderson:
         """The classic solver whose long runs give the fixed points."""
@@ -189,7 +202,8 @@ def fit(
         init_params = None
     initializer = None
     if use_init:
-        initializer = make_initializer(initializer_kind(state_shape), state_shape[-1])
+        options = spec.init_options(state_shape)
+        initializer = make_initializer(initializer_kind(state_shape), state_shape[-1], **options)
     data = ((t.args, t.x, t.z_star) for t in itertools.cycle(pool))
     schedule = optax.cosine_decay_schedule(spec.learning_rate, num_steps, alpha=0.1)
     began = time.perf_counter()
@@ -209,5 +223,7 @@ def fit(
     )
     jax.block_until_ready(trained.solver.variables)
     seconds = time.perf_counter() - began
-    init = None if initializer is None else learned_init(state_shape, trained.init_params)
+    init = None
+    if initializer is not None:
+        init = learned_init(state_shape, trained.init_params, **spec.init_options(state_shape))
     return SolverFit(trained.solver, init, trained.losses, seconds)

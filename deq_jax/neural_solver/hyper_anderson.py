@@ -146,29 +146,35 @@ def hyper_anderson_update(
 def pool_residual(g: jax.Array, state_shape: tuple[int, ...], pool: str) -> jax.Array:
     """Compresses flat residuals ``g [B, D]`` to ``[B, C]``, ``C = state_shape[-1]``.
 
+    The pooled vector depends on the channels only, so a solver built for sequences of
+    one length (or images of one size) runs on any other: a state with spatial axes
+    may hold any number of positions.
+
     Args:
-      g: residuals, one flattened ``state_shape`` per row.
+      g: residuals, one flattened state per row.
       state_shape: the per-sample state shape, channels last: ``(D,)`` for vectors,
-        ``(L, C)`` for sequences, ``(H, W, C)`` for images.
-      pool: ``"mean"`` averages over every axis but the channels (the vector itself for
-        ``(D,)``); ``"last"`` takes the last token of a sequence.
+        ``(L, C)`` for sequences, ``(H, W, C)`` for images (for the last two, the
+        spatial sizes may differ at run time).
+      pool: ``"mean"`` averages over every position (the vector itself for ``(D,)``);
+        ``"last"`` takes the last token of a sequence.
 
     Raises:
-      ValueError: if ``D`` is not the size of ``state_shape``, or ``pool`` is unknown or
-        ``"last"`` with a state that is not a sequence.
+      ValueError: if ``D`` does not fit ``state_shape`` (the size of a vector state, a
+        multiple of the channels otherwise), or ``pool`` is unknown or ``"last"`` with a
+        state that is not a sequence.
     """
     batch, size = g.shape
-    expected = 1
-    for s in state_shape:
-        expected *= s
-    if size != expected:
+    channels = state_shape[-1]
+    fits = size == channels if len(state_shape) == 1 else size % channels == 0
+    if not fits:
+        what = f"{channels}" if len(state_shape) == 1 else f"a multiple of {channels}"
         raise ValueError(
-            f"The neural solver was built for states of shape {state_shape} ({expected} "
+            f"The neural solver was built for states of shape {state_shape} ({what} "
             f"values per sample) but the solve has {size} values per sample."
         )
-    x = jnp.reshape(g, (batch, *state_shape))
+    x = jnp.reshape(g, (batch, size // channels, channels))  # [B, positions, C]
     if pool == "mean":
-        return jnp.mean(x, axis=tuple(range(1, x.ndim - 1))) if x.ndim > 2 else x
+        return jnp.mean(x, axis=1)
     if pool == "last":
         if len(state_shape) != 2:
             raise ValueError(f"pool='last' needs a sequence state (L, C), got {state_shape}.")

@@ -257,11 +257,14 @@ def load_hypersolver(
         )
         template = {"solver": solver.variables}
         if use_init:
-            module = make_initializer(initializer_kind(state_shape), state_shape[-1])
+            options = spec.init_options(state_shape)
+            module = make_initializer(initializer_kind(state_shape), state_shape[-1], **options)
             template["init"] = module.init(key, np.zeros((1, *report["input_shape"]), np.float32))
         ckpt = Checkpointer(directory, every_steps=1, keep=1)
         tree, _ = ckpt.restore_or_init(template)
         ckpt.close()
-        init = learned_init(state_shape, tree["init"]) if use_init else None
+        init = None
+        if use_init:
+            init = learned_init(state_shape, tree["init"], **spec.init_options(state_shape))
         solvers[name] = (solver.with_params(tree["solver"]), init)
     return HyperSolverRun(deq, frozen, solvers, report)
