@@ -12,8 +12,11 @@ Registered: ``prefix_sum_deq`` (`PrefixSumDEQ`), ``synthetic_1d_deq``
 (`Synthetic1DDEQ`, the 200-parameter DEQ of Bai et al. 2021), ``digits_deq``
 (`DigitsDEQ`, a small convolutional DEQ for 8x8 digits, also used for blurry digits),
 ``maze_deq`` (`deq_jax.nn.maze_model.MazeDEQ`), ``edge_copy_deq`` and
-``matrix_inversion_deq`` (`deq_jax.nn.reasoning_models`). Models of tasks with
-``batch_extras`` take them as keywords (``adjacency`` for edge copy).
+``matrix_inversion_deq`` (`deq_jax.nn.reasoning_models`) and ``clrs_deq``
+(`deq_jax.nn.clrs_model.ClrsModel`, CLRS algorithms run as a DEQ, to a fixed point by
+unrolling, or for the algorithm's true number of steps). Models of tasks with
+``batch_extras`` take them as keywords (``adjacency`` for edge copy, the features,
+hints and lengths for CLRS).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -36,6 +39,7 @@ from deq_jax._registry import Registry
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell
+from deq_jax.nn.clrs_model import ClrsModel
 from deq_jax.nn.deq import solve_cell
 from deq_jax.nn.maze_model import MazeDEQ
 from deq_jax.nn.reasoning_models import EdgeCopyDEQ, MatrixInversionDEQ
@@ -231,3 +235,4 @@ register("digits_deq", DigitsDEQ)
 register("maze_deq", MazeDEQ)
 register("edge_copy_deq", EdgeCopyDEQ)
 register("matrix_inversion_deq", MatrixInversionDEQ)
+register("clrs_deq", ClrsModel)

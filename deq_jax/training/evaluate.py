@@ -182,7 +182,7 @@ def evaluate_checkpoint(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}
     )
     first = next(iter(next(iter(report.values())).values()))
-    keys = [k for k in first if k.endswith("accuracy") or k == "mse"]
+    keys = [k for k in first if k.endswith("accuracy") or k in ("mse", "score")]
     emit(
         f"Checkpoint step {run.start_step} of {workdir}:\n"
         + format_report(report, keys + ["nstep_mean", "loss"])

@@ -47,6 +47,9 @@ RNG_STREAMS = ("dropout", "z0")
 # The stream of the Jacobian probes, drawn apart so the streams above do not change.
 JACOBIAN_STREAM = "jacobian"
 INTERMEDIATES = "intermediates"
+# Per-example losses ``[B]`` a model sows into "intermediates" under this name (e.g. the
+# CLRS model's hint loss and step penalty); the train step adds their masked mean.
+AUX_LOSS = "aux_loss"
 
 
 def classification_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
@@ -104,11 +107,16 @@ def solver_metrics(stats: SolverStats, mask: jax.Array) -> dict[str, jax.Array]:
     }
 
 
-def sown(intermediates: Mapping[str, Any], name: str) -> jax.Array:
-    """Every value sown as ``name`` (e.g. by each DEQ of a model), ``[B]`` summed."""
+def sown(intermediates: Mapping[str, Any], name: str, required: bool = True) -> jax.Array | None:
+    """Every value sown as ``name`` (e.g. by each DEQ of a model), ``[B]`` summed.
+
+    Returns ``None`` when nothing was sown as ``name`` and ``required`` is false.
+    """
     flat = traverse_util.flatten_dict(dict(intermediates))
     values = [v for path, tup in flat.items() if path[-1] == name for v in tup]
     if not values:
+        if not required:
+            return None
         raise ValueError(f"The model sowed no {name!r}; its DEQ must receive the option.")
     return sum(values[1:], values[0])
 
@@ -150,6 +158,10 @@ def make_train_step(
         alignment penalty); ``None`` means none.
       extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
         task's ``batch_extras``, e.g. a graph's adjacency).
+
+    A model that sows per-example losses ``[B]`` as ``"aux_loss"`` into
+    ``"intermediates"`` (`AUX_LOSS`) has their mean over the real examples added to
+    the loss and reported as ``aux_loss``.
 
     Returns:
       The jitted step. ``metrics`` holds ``loss`` (the optimised loss), ``task_loss``,
@@ -198,6 +210,10 @@ def make_train_step(
             intermediates = new_model_state.pop(INTERMEDIATES, {})
             task_loss = loss_of(outputs, targets, mask)
             loss = task_loss
+            aux_loss = sown(intermediates, AUX_LOSS, required=False)
+            if aux_loss is not None:
+                aux_loss = masked_mean(aux_loss, mask)
+                loss = loss + aux_loss
             nan = jnp.full((), jnp.nan, task_loss.dtype)
             term = align = nan
             if samples:
@@ -208,7 +224,7 @@ def make_train_step(
                 loss = loss + pi.alignment_weight * align
             # The trace's length is the budget: drop it so every budget's branch agrees.
             stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
-            return loss, (task_loss, term, align, outputs, stats, new_model_state)
+            return loss, (task_loss, term, align, aux_loss, outputs, stats, new_model_state)
 
         def gradients(samples: int, max_iter: int | None = None):
             grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
@@ -231,8 +247,10 @@ def make_train_step(
             applied = draw.astype(jnp.float32)
             result = jax.lax.cond(draw, lambda: budgeted(reg.jacobian_samples), lambda: budgeted(0))
         (loss, aux), (grads, probe_grad) = result
-        task_loss, term, align, outputs, stats, new_model_state = aux
+        task_loss, term, align, aux_loss, outputs, stats, new_model_state = aux
         metrics = {"loss": loss, "task_loss": task_loss}
+        if aux_loss is not None:
+            metrics["aux_loss"] = aux_loss
         task_metrics = _task_metrics(metrics_fn, outputs, targets, mask, extra)
         if not regression:
             metrics["accuracy"] = next(iter(task_metrics.values()))

@@ -29,6 +29,11 @@ Data layout (``N`` examples, ``n`` nodes, ``T`` padded hint steps):
 
 Unknown algorithm names raise a ValueError that lists the valid ones.
 
+`ClrsTask` (registered as the task ``clrs``, ``tasks.get("clrs", algorithm="bfs")``)
+puts one algorithm behind the uniform task interface, with CLRS's scores
+(`pointer_score`, `mask_score`) and the model spec `model_spec` of
+`deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`.
+
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
   Xhonneux et al., "Deep Equilibrium Models for Algorithmic Reasoning", ICLR 2024
@@ -62,11 +67,21 @@ from deq_jax.tasks.clrs.specs import (
     check_algorithm,
     feature_shape,
 )
+from deq_jax.tasks.clrs.task import (
+    ClrsConfig,
+    ClrsTask,
+    f1_from_counts,
+    mask_score,
+    model_spec,
+    pointer_score,
+)
 from deq_jax.tasks.clrs.traversal import bfs, dfs
 
 __all__ = [
     "ALGORITHMS",
     "CLRS30_SEEDS",
+    "ClrsConfig",
+    "ClrsTask",
     "GRAPH_DISTRIBUTIONS",
     "NUM_CATEGORIES",
     "SPECS",
@@ -86,10 +101,14 @@ __all__ = [
     "dfs",
     "dijkstra",
     "er_graph",
+    "f1_from_counts",
     "feature_shape",
     "feedback_from_batch",
+    "mask_score",
+    "model_spec",
     "mst_kruskal",
     "mst_prim",
+    "pointer_score",
     "run_algorithm",
     "sample_dataset",
     "sample_example",

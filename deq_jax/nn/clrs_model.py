@@ -1,0 +1,306 @@
+"""`ClrsModel`: encode-process-decode for CLRS algorithms, run to a fixed point or not.
+
+The model of the CLRS DEQ study: linear encoders per feature (`FeatureEncoder`), a
+processor cell (`deq_jax.nn.clrs_processors`) over node states ``z [B, n, H]`` and
+decoders per feature (`FeatureDecoder`) reading ``[x_node, z]``. ``mode`` chooses how
+the processor runs:
+
+* ``"deq"``: ``z* = P(z*, x)`` from the configured solver, with the configured backward
+  mode (implicit gradients by default), through `deq_jax.nn.DEQ`: the model decides
+  itself when to stop. Jacobian regularisation, the spectral radius and the alignment
+  penalty come from the library.
+* ``"hint_propagation"``: ``z_{t+1} = P(z_t, x)`` iterated per sample until the
+  solver's residual test passes (``solver.tol``, ``solver.stop_mode``, the train or
+  eval budget), backpropagating through every step (`unroll_to_fixed_point`).
+* ``"fixed_steps"``: CLRS's baseline: exactly ``max(length - 1, 1)`` steps per example
+  (its true number of steps), the hints encoded at every step (the ground truth at
+  step 0, then the model's own decoded hints, or the ground truth with probability
+  ``teacher_forcing`` in training), decoded after every step and supervised.
+
+Options of the study: ``min_update`` and ``softmin_tau`` (the cell's update rule, see
+`deq_jax.nn.clrs_processors.min_update`), ``step_penalty`` (adds ``w sum_t ||z_{t+1} -
+z_t||^2`` per example; in ``"deq"`` mode, where no trajectory is differentiated, the
+residual ``w ||P(z*) - z*||^2`` at the fixed point) and ``gumbel_hints`` (fed-back
+categorical hints as straight-through Gumbel-softmax samples in training, one-hot
+argmaxes in evaluation). Hint and step losses are sown per example as ``"aux_loss"``
+into ``"intermediates"``, which the train step adds to the task loss.
+
+Call: ``model.apply(variables, adjacency [B, n, n], train=..., lengths=int32 [B],
+input_<name>=..., hint_<name>=[B, T, ...], **deq_options) -> (outputs, stats)``:
+``outputs`` are the output feature's logits, ``[B, n, n]`` for a node pointer (a
+softmax over parents per node) and ``[B, n, n, 2]`` for an edge mask (logits ``[0,
+l]``, so a softmax cross-entropy is the binary one), and ``stats`` per-sample
+`deq_jax.SolverStats` (``nstep``: processor steps). Missing features are zeros at
+initialisation only.
+
+References:
+  Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
+  Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022.
+  Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
+  Reasoning", ICLR 2024 blog post track.
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from deq_jax.backward.base import Backward
+from deq_jax.backward.ift import ift
+from deq_jax.nn.clrs_codec import (
+    FeatureDecoder,
+    FeatureEncoder,
+    FeatureSpec,
+    dense_value,
+    feature_shape,
+    of_stage,
+    parse_spec,
+)
+from deq_jax.nn.clrs_loops import ClrsStep, per_sample_norm, run_fixed_steps, unroll_to_fixed_point
+from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
+from deq_jax.nn.deq import initial_state, solve_cell
+from deq_jax.regularizers.jacobian import jacobian_frobenius, spectral_radius
+from deq_jax.solvers.anderson import anderson
+from deq_jax.solvers.base import Solver, SolverStats
+
+MODES = ("deq", "hint_propagation", "fixed_steps")
+AUX_LOSS = "aux_loss"
+
+
+class ClrsModel(nn.Module):
+    """The CLRS encode-process-decode model, in one of three modes (module docstring).
+
+    Attributes:
+      spec: the algorithm's features, rows ``(name, stage, location, type,
+        categories)`` (see `deq_jax.nn.clrs_codec.FeatureSpec`; one output feature, a
+        node pointer or an edge mask; the ``adj`` input is the call's first argument).
+      processor: ``"mpnn"``, ``"gmpnn"`` (gated) or ``"triplet_mpnn"``.
+      hidden: the width ``H`` of embeddings and node states.
+      triplet_features: the Triplet-MPNN's triplet width.
+      aggregation: the processor's ``"adjacency"`` or ``"full"`` max aggregation.
+      mode: ``"deq"``, ``"hint_propagation"`` or ``"fixed_steps"``.
+      min_update: the cell's min update; ``softmin_tau > 0`` makes it smooth.
+      softmin_tau: the smooth min's temperature.
+      step_penalty: the weight of the step penalty (0: off).
+      hint_loss_weight: the weight of the hint loss in ``fixed_steps``.
+      teacher_forcing: the probability, per example and step, of feeding the true hint
+        instead of the predicted one in ``fixed_steps`` training.
+      gumbel_hints: feed back categorical hints as straight-through Gumbel samples.
+      gumbel_tau: the Gumbel-softmax temperature.
+      solver: the forward solver (``"deq"``; its ``tol`` and ``stop_mode`` also stop
+        ``"hint_propagation"``).
+      backward: the backward mode (``"deq"``).
+      z_init: the initial state, ``"zeros"``, ``"normal"`` or ``"mixed"``.
+      train_max_iter: the iteration budget in training (``None``: the solver's).
+      eval_max_iter: the iteration budget in evaluation (``None``: the solver's).
+
+    References:
+      Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
+      Xhonneux et al., "Deep Equilibrium Models for Algorithmic Reasoning", ICLR 2024
+      blog post track.
+    """
+
+    spec: tuple[tuple[Any, ...], ...] = ()
+    processor: str = "mpnn"
+    hidden: int = 64
+    triplet_features: int = 8
+    aggregation: str = "adjacency"
+    mode: str = "deq"
+    min_update: bool = False
+    softmin_tau: float = 0.0
+    step_penalty: float = 0.0
+    hint_loss_weight: float = 1.0
+    teacher_forcing: float = 0.0
+    gumbel_hints: bool = False
+    gumbel_tau: float = 1.0
+    solver: Solver = anderson()
+    backward: Backward = ift()
+    z_init: str = "zeros"
+    train_max_iter: int | None = None
+    eval_max_iter: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "spec", parse_spec(self.spec))
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}.")
+        outputs = of_stage(self.spec, "output")
+        if len(outputs) != 1 or (outputs[0].type, outputs[0].location) not in (
+            ("pointer", "node"),
+            ("mask", "edge"),
+        ):
+            raise ValueError(
+                f"ClrsModel needs one node-pointer or edge-mask output, got {outputs}."
+            )
+        if self.step_penalty < 0 or self.hint_loss_weight < 0 or self.gumbel_tau <= 0:
+            raise ValueError("step_penalty and hint_loss_weight must be >= 0, gumbel_tau > 0.")
+        if not 0.0 <= self.teacher_forcing <= 1.0:
+            raise ValueError(f"teacher_forcing must lie in [0, 1], got {self.teacher_forcing}.")
+        super().__post_init__()
+
+    def _processor_kwargs(self) -> tuple[tuple[str, Any], ...]:
+        kwargs = dict(hidden=self.hidden, aggregation=self.aggregation)
+        kwargs.update(min_update=self.min_update, softmin_tau=self.softmin_tau)
+        if self.processor == "triplet_mpnn":
+            kwargs["triplet_features"] = self.triplet_features
+        return tuple(kwargs.items())
+
+    def _budget(self, train: bool, max_iter: int | None) -> int:
+        budget = max_iter or (self.train_max_iter if train else self.eval_max_iter)
+        return budget or self.solver.max_iter
+
+    def _start(self, spec: Any, z0: Any) -> jax.Array:
+        if z0 is not None:
+            return z0
+        return initial_state(
+            spec, self.z_init, None if self.z_init == "zeros" else self.make_rng("z0")
+        )
+
+    def _features(self, features: dict[str, Any], adjacency: jax.Array, init: bool):
+        """The input values and the hint trajectories by feature name."""
+        b, n = adjacency.shape[:2]
+        inputs = [f for f in of_stage(self.spec, "input") if f.name != "adj"]
+        hints = of_stage(self.spec, "hint")
+        keys = [f"input_{f.name}" for f in inputs] + [f"hint_{f.name}" for f in hints]
+        unknown = sorted(set(features) - set(keys))
+        if unknown:
+            raise ValueError(f"Unknown ClrsModel features {unknown}. Valid: {', '.join(keys)}.")
+        need_hints = self.mode == "fixed_steps"
+
+        def read(prefix: str, f: FeatureSpec, steps: tuple[int, ...], needed: bool) -> jax.Array:
+            value = features.get(f"{prefix}{f.name}")
+            if value is None and needed and not init:
+                raise ValueError(f"ClrsModel in mode {self.mode!r} needs {prefix}{f.name}.")
+            if value is None:
+                dtype = jnp.int32 if f.type == "pointer" else jnp.float32
+                value = jnp.zeros((b, *steps, *feature_shape(f, n)), dtype)
+            return value
+
+        values = {f.name: read("input_", f, (), True) for f in inputs}
+        values["adj"] = adjacency
+        trajectories = {f.name: read("hint_", f, (2,), need_hints) for f in hints}
+        return values, trajectories
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs: jax.Array,
+        *,
+        train: bool,
+        max_iter: int | None = None,
+        lengths: jax.Array | None = None,
+        z0: Any = None,
+        stats_probe: jax.Array | None = None,
+        jacobian_samples: int = 0,
+        spectral_iters: int = 0,
+        alignment: bool = False,
+        **features: jax.Array,
+    ) -> tuple[jax.Array, SolverStats]:
+        """``adjacency [B, n, n]`` and features -> ``(output logits, stats)`` (module docstring).
+
+        ``max_iter`` overrides the iteration budget (ignored by ``fixed_steps``, which
+        takes ``lengths``); ``z0``, ``stats_probe``, ``jacobian_samples``,
+        ``spectral_iters`` and ``alignment`` are the `DEQ` options (the Jacobian terms
+        also work in ``hint_propagation``; ``fixed_steps`` has no fixed point for them).
+        """
+        if inputs.ndim != 3 or inputs.shape[1] != inputs.shape[2]:
+            raise ValueError(f"ClrsModel expects an adjacency [B, n, n], got shape {inputs.shape}.")
+        adjacency = inputs.astype(jnp.float32)
+        b, n = adjacency.shape[:2]
+        init = self.is_initializing()
+        values, hints = self._features(features, adjacency, init)
+        if lengths is None:
+            if self.mode == "fixed_steps" and not init:
+                raise ValueError("ClrsModel in mode 'fixed_steps' needs lengths.")
+            lengths = jnp.full((b,), 2, jnp.int32)
+        encoder = FeatureEncoder(of_stage(self.spec, "input"), self.hidden, name="input_encoder")
+        base = encoder(values, b, n)
+        x = ProcessorInputs(base.node, base.edge, base.graph, adjacency)
+        if self.mode != "deq" and alignment:
+            raise ValueError("The alignment penalty needs mode='deq'.")
+        aux = []
+        if self.mode == "fixed_steps":
+            if jacobian_samples or spectral_iters:
+                raise ValueError(
+                    "Jacobian terms need a fixed point: mode 'deq' or 'hint_propagation' (for "
+                    "'fixed_steps' set regularizer.jacobian_weight=0 and spectral_every=0)."
+                )
+            z, stats, hint_loss, penalty = self._fixed_steps(x, hints, lengths, z0, train, init)
+            aux.append(self.hint_loss_weight * hint_loss)
+        else:
+            cell = make_processor(self.processor, name="cell", **dict(self._processor_kwargs()))
+            if self.mode == "deq":
+                options = dict(z0=z0, stats_probe=stats_probe, alignment=alignment)
+                options.update(jacobian_samples=jacobian_samples, spectral_iters=spectral_iters)
+                z, stats = solve_cell(self, cell, x, train, max_iter, options)
+                penalty = jnp.square(per_sample_norm(cell(z, x) - z)) if self.step_penalty else None
+            else:
+                z_start = self._start(cell.state_spec(x), z0)
+                if init:
+                    cell(z_start, x)
+                module, variables = cell.unbind()
+                f = lambda z, args: module.apply(args[0], z, args[1])
+                args = (variables, x)
+                z, stats, penalty = unroll_to_fixed_point(
+                    f,
+                    z_start,
+                    args,
+                    max_iter=self._budget(train, max_iter),
+                    tol=self.solver.tol,
+                    stop_mode=self.solver.stop_mode,
+                )
+                self._sow_jacobian(f, z, args, jacobian_samples, spectral_iters)
+        if self.step_penalty:
+            aux.append(self.step_penalty * penalty)
+        if aux and not init:
+            self.sow("intermediates", AUX_LOSS, sum(aux[1:], aux[0]))
+        out = of_stage(self.spec, "output")[0]
+        h = jnp.concatenate([base.node, z], axis=-1)  # [B, n, 2H]
+        decoder = FeatureDecoder((out,), self.hidden, name="output_decoder")
+        logits = decoder(h, base.edge, base.graph)[out.name]
+        if out.type == "mask":  # two-class logits [0, l]: softmax cross-entropy = binary
+            logits = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)  # [B, n, n, 2]
+        return logits, stats
+
+    def _sow_jacobian(self, f, z, args, samples: int, iters: int) -> None:
+        """Sows the DEQ's Jacobian term and spectral radius at the detached final state."""
+        if not (samples or iters):
+            return
+        k_term, k_rho = jax.random.split(self.make_rng("jacobian"))
+        z = jax.lax.stop_gradient(z)
+        if samples:
+            self.sow(
+                "intermediates", "jacobian_term", jacobian_frobenius(f, z, args, k_term, samples)
+            )
+        if iters:
+            rho = jax.lax.stop_gradient(spectral_radius(f, z, args, k_rho, iters))
+            self.sow("intermediates", "spectral_radius", rho)
+
+    def _fixed_steps(self, x, hints, lengths, z0, train: bool, init: bool):
+        """Runs ``max(length - 1, 1)`` supervised steps per example (module docstring)."""
+        specs = of_stage(self.spec, "hint")
+        b, n = x.adjacency.shape[:2]
+        step = ClrsStep(specs, self.hidden, self.processor, self._processor_kwargs(), name="step")
+        fed = {f.name: dense_value(f, hints[f.name][:, 0], n) for f in specs}
+        z = self._start(jax.ShapeDtypeStruct((b, n, self.hidden), jnp.float32), z0)
+        if init:
+            step(z, fed, x)
+        module, variables = step.unbind()
+        randomised = train and (self.gumbel_hints or self.teacher_forcing > 0)
+        if randomised and not self.has_rng("dropout"):
+            raise ValueError("Gumbel hints and teacher forcing draw from the 'dropout' rng stream.")
+        return run_fixed_steps(
+            lambda z, fed: module.apply(variables, z, fed, x),
+            z,
+            hints,
+            lengths,
+            specs,
+            train=train,
+            feedback_mode=("gumbel" if train else "hard") if self.gumbel_hints else "soft",
+            key=self.make_rng("dropout") if randomised else None,
+            teacher_forcing=self.teacher_forcing if train else 0.0,
+            gumbel_tau=self.gumbel_tau,
+        )

@@ -1,0 +1,276 @@
+"""CLRS processors as DEQ cells: MPNN with max aggregation and Triplet-MPNN with gating.
+
+A processor is one message-passing step over a graph of ``n`` nodes with node states
+``z [B, n, H]``, called like every cell of the library, ``cell(z, x) -> z``, so it can
+run inside `deq_jax.nn.DEQ` or in a plain loop. ``x`` is a `ProcessorInputs`: the
+encoded node, edge and graph features and the adjacency. With ``h_i = [x_i, z_i]``:
+
+* messages ``m_ij = MLP(relu(W_s h_i + W_r h_j + W_e e_ij + W_g g))`` from sender ``i``
+  to receiver ``j`` (plus, for the Triplet-MPNN, the edge latent ``t_ij``);
+* max aggregation ``a_j = max_{i: adj_ij = 1} m_ij`` (the adjacency holds self-loops,
+  so every node hears itself; ``aggregation="full"`` takes every node, as CLRS's MPNN);
+* update ``z'_j = LN(relu(U_1 h_j + U_2 a_j))``; the Triplet-MPNN gates it,
+  ``z'_j = gate_j * z'_j + (1 - gate_j) * z_j``, the gate's bias starting at -3 so a
+  fresh cell mostly keeps its state.
+
+Triplet messages (Dudzik & Veličković 2022; Ibarz et al. 2022): ``t_ijk = T_1 h_i +
+T_2 h_j + T_3 h_k + T_e1 e_ij + T_e2 e_ik + T_e3 e_jk + T_g g`` (``triplet_features``
+wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair. CLRS's code hands these
+latents to its decoders only; here they also enter the messages, so they shape the
+fixed point the DEQ solves for.
+
+Update rules from the CLRS DEQ study (Xhonneux et al. 2024): ``min_update`` replaces
+the proposal ``p = step(z)`` by ``min(z, p)`` (elementwise), making the iteration
+monotone; with ``softmin_tau > 0`` by the smooth version ``z + sigmoid((z - p) / tau)
+(p - z)``, the mean of ``z`` and ``p`` weighted by ``softmax(-[z, p] / tau)``, which
+tends to the min as ``tau -> 0`` and whose only fixed points are ``p = z``.
+
+Every term is a per-node or per-edge map or a max over nodes, so the processors are
+equivariant to relabelling the nodes and run on any graph size.
+
+References:
+  Gilmer et al., "Neural Message Passing for Quantum Chemistry", ICML 2017.
+  Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022
+  (``clrs/_src/processors.py``: ``PGN``, ``MPNN``, ``get_triplet_msgs``).
+  Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022 (triplets, gating).
+  Dudzik & Veličković, "Graph Neural Networks are Dynamic Programmers", NeurIPS 2022.
+  Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
+  Reasoning", ICLR 2024 blog post track (min update, softmin).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from deq_jax.nn.deq import state_like
+
+AGGREGATIONS = ("adjacency", "full")
+# Stands in for -inf where a sender is not a neighbour (CLRS's BIG_NUMBER).
+_BIG = 1e6
+
+
+class ProcessorInputs(NamedTuple):
+    """What a processor step reads besides the state (a pytree, batch axis first).
+
+    Attributes:
+      node: encoded node features ``[B, n, H]``.
+      edge: encoded edge features ``[B, n, n, H]``; ``edge[:, i, j]`` on ``i -> j``.
+      graph: encoded graph features ``[B, H]``.
+      adjacency: ``[B, n, n]`` 0/1 with self-loops, ``adjacency[:, i, j] = 1`` for an
+        edge ``i -> j``.
+    """
+
+    node: jax.Array
+    edge: jax.Array
+    graph: jax.Array
+    adjacency: jax.Array
+
+
+def min_update(z: jax.Array, proposal: jax.Array, tau: float = 0.0) -> jax.Array:
+    """``min(z, proposal)`` elementwise, or its smooth version for ``tau > 0``.
+
+    The smooth version is ``z + sigmoid((z - p) / tau) * (p - z)``: the average of ``z``
+    and ``p`` weighted by ``softmax(-[z, p] / tau)``; it tends to the min as ``tau ->
+    0`` and equals ``z`` only where ``p = z``.
+
+    References:
+      Xhonneux et al., "Deep Equilibrium Models for Algorithmic Reasoning", ICLR 2024
+      blog post track.
+    """
+    if tau < 0:
+        raise ValueError(f"softmin_tau must be >= 0, got {tau}.")
+    if tau == 0:
+        return jnp.minimum(z, proposal)
+    return z + jax.nn.sigmoid((z - proposal) / tau) * (proposal - z)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def max_reduce(x: jax.Array, axis: int) -> jax.Array:
+    """``jnp.max(x, axis)`` whose derivative flows to one maximiser (the first).
+
+    `jnp.max`'s derivative divides by the number of entries equal to the maximum; when
+    XLA recomputes a fused operand (a sum of broadcasts, as the triplets) for that
+    comparison, rounding can leave no entry equal and give 0 / 0 = NaN inside a scan.
+    Routing the tangent through `jnp.argmax` needs no such equality.
+    """
+    return jnp.max(x, axis=axis)
+
+
+@max_reduce.defjvp
+def _max_reduce_jvp(axis, primals, tangents):
+    (x,), (t,) = primals, tangents
+    index = jnp.expand_dims(jnp.argmax(x, axis=axis), axis)
+    return jnp.max(x, axis=axis), jnp.squeeze(jnp.take_along_axis(t, index, axis=axis), axis)
+
+
+def masked_max(messages: jax.Array, adjacency: jax.Array) -> jax.Array:
+    """``a[:, j] = max_{i: adjacency[:, i, j] = 1} messages[:, i, j]``.
+
+    Args:
+      messages: ``[B, n, n, H]``, ``messages[:, i, j]`` from sender ``i`` to ``j``.
+      adjacency: ``[B, n, n]`` 0/1.
+
+    Returns:
+      ``[B, n, H]``; a node without neighbours gets ``-1e6`` (the adjacency of CLRS
+      graphs holds self-loops, so none lacks one).
+    """
+    keep = adjacency[..., None] > 0.5  # [B, n, n, 1]
+    return max_reduce(jnp.where(keep, messages, -_BIG), 1)
+
+
+def triplet_messages(
+    h: jax.Array, edge: jax.Array, graph: jax.Array, features: int, dense: Any
+) -> jax.Array:
+    """``t_ijk`` ``[B, n, n, n, features]`` of Dudzik & Veličković (2022).
+
+    ``t_ijk = T_1 h_i + T_2 h_j + T_3 h_k + T_e1 e_ij + T_e2 e_ik + T_e3 e_jk + T_g g``,
+    built by broadcasting (memory ``B n^3 features``). ``dense(features, name)`` makes
+    the linear maps.
+    """
+    t1, t2, t3 = (dense(features, f"triplet_node_{k}")(h) for k in (1, 2, 3))  # [B, n, F]
+    e1, e2, e3 = (dense(features, f"triplet_edge_{k}")(edge) for k in (1, 2, 3))  # [B, n, n, F]
+    tg = dense(features, "triplet_graph")(graph)  # [B, F]
+    return (
+        t1[:, :, None, None]  # i
+        + t2[:, None, :, None]  # j
+        + t3[:, None, None, :]  # k
+        + e1[:, :, :, None]  # (i, j)
+        + e2[:, :, None, :]  # (i, k)
+        + e3[:, None, :, :]  # (j, k)
+        + tg[:, None, None, None]
+    )  # [B, n, n, n, F]
+
+
+class MPNN(nn.Module):
+    """A max-aggregation message-passing step as a cell ``(z, ProcessorInputs) -> z``.
+
+    See the module docstring for the equations.
+
+    Attributes:
+      hidden: the state size ``H`` per node (also the message width).
+      aggregation: ``"adjacency"`` (max over in-neighbours and self, PGN-style) or
+        ``"full"`` (max over every node, CLRS's MPNN; the graph then enters through
+        the edge features only).
+      use_ln: layer-normalise the update (as CLRS's baselines).
+      gated: gate the update (Ibarz et al. 2022).
+      use_triplets: add triplet edge latents to the messages.
+      triplet_features: the width of ``t_ijk``.
+      min_update: ``z' = min(z, step(z))`` (see `min_update`).
+      softmin_tau: with ``min_update``, the smooth min's temperature (0: hard min).
+      param_dtype: dtype of the parameters.
+
+    References:
+      Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
+      Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022.
+    """
+
+    hidden: int = 64
+    aggregation: str = "adjacency"
+    use_ln: bool = True
+    gated: bool = False
+    use_triplets: bool = False
+    triplet_features: int = 8
+    min_update: bool = False
+    softmin_tau: float = 0.0
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}."
+            )
+        if self.softmin_tau < 0:
+            raise ValueError(f"softmin_tau must be >= 0, got {self.softmin_tau}.")
+        super().__post_init__()
+
+    def state_spec(self, x: ProcessorInputs) -> jax.ShapeDtypeStruct:
+        """``[B, n, hidden]`` in the promoted dtype of the node features and parameters."""
+        dtype = jnp.promote_types(x.node.dtype, self.param_dtype)
+        return state_like(x.node, self.hidden, dtype)
+
+    def _dense(self, features: int, name: str, **kwargs: Any) -> nn.Dense:
+        return nn.Dense(features, param_dtype=self.param_dtype, name=name, **kwargs)
+
+    @nn.compact
+    def __call__(self, z: jax.Array, x: ProcessorInputs) -> jax.Array:
+        """``z [B, n, H], x -> z' [B, n, H]``."""
+        b, n = z.shape[:2]
+        if x.edge.shape[:3] != (b, n, n) or x.adjacency.shape != (b, n, n):
+            raise ValueError(
+                f"{type(self).__name__} expects z [B, n, H], edge features [B, n, n, F] and "
+                f"adjacency [B, n, n]; got z {z.shape}, edge {x.edge.shape} and adjacency "
+                f"{x.adjacency.shape}."
+            )
+        width = self.hidden
+        h = jnp.concatenate([x.node.astype(z.dtype), z], axis=-1)  # [B, n, F + H]
+        sender = self._dense(width, "msg_sender")(h)  # [B, n, H]
+        receiver = self._dense(width, "msg_receiver")(h)  # [B, n, H]
+        messages = (
+            sender[:, :, None]
+            + receiver[:, None, :]
+            + self._dense(width, "msg_edge")(x.edge)
+            + self._dense(width, "msg_graph")(x.graph)[:, None, None]
+        )  # [B, n, n, H], [:, i, j] from i to j
+        if self.use_triplets:
+            triplets = triplet_messages(h, x.edge, x.graph, self.triplet_features, self._dense)
+            latents = self._dense(width, "triplet_out")(max_reduce(triplets, 1))  # [B, n, n, H]
+            messages = messages + nn.relu(latents)
+        messages = self._dense(width, "msg_mlp_1")(nn.relu(messages))
+        messages = self._dense(width, "msg_mlp_2")(nn.relu(messages))
+        adjacency = x.adjacency if self.aggregation == "adjacency" else jnp.ones_like(x.adjacency)
+        aggregated = masked_max(messages, adjacency)  # [B, n, H]
+        out = nn.relu(
+            self._dense(width, "update_self")(h) + self._dense(width, "update_msg")(aggregated)
+        )
+        if self.use_ln:
+            out = nn.LayerNorm(param_dtype=self.param_dtype, name="norm")(out)
+        if self.gated:
+            gate = self._dense(width, "gate_self")(h) + self._dense(width, "gate_msg")(aggregated)
+            bias_init = nn.initializers.constant(-3.0)
+            gate = jax.nn.sigmoid(
+                self._dense(width, "gate_out", bias_init=bias_init)(nn.relu(gate))
+            )
+            out = gate * out + (1.0 - gate) * z
+        if self.min_update:
+            out = min_update(z, out, self.softmin_tau)
+        return out
+
+
+class TripletMPNN(MPNN):
+    """The Triplet-GMPNN of Ibarz et al. (2022): `MPNN` with triplet messages and gating.
+
+    References:
+      Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022.
+    """
+
+    gated: bool = True
+    use_triplets: bool = True
+
+
+class GatedMPNN(MPNN):
+    """CLRS's GMPNN: `MPNN` with the gated update of Ibarz et al. (2022).
+
+    References:
+      Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022.
+    """
+
+    gated: bool = True
+
+
+PROCESSORS = {"mpnn": MPNN, "gmpnn": GatedMPNN, "triplet_mpnn": TripletMPNN}
+
+
+def make_processor(kind: str, **kwargs: Any) -> MPNN:
+    """The processor ``kind`` (``"mpnn"``, ``"gmpnn"``, ``"triplet_mpnn"``) with ``kwargs``.
+
+    Raises:
+      ValueError: for an unknown kind, listing the valid ones.
+    """
+    if kind not in PROCESSORS:
+        raise ValueError(f"Unknown processor {kind!r}. Valid processors: {', '.join(PROCESSORS)}.")
+    return PROCESSORS[kind](**kwargs)

@@ -1,0 +1,319 @@
+"""`ClrsTask`: one CLRS-30 algorithm behind the uniform task interface.
+
+Trains on ``train_nodes``-node graphs (CLRS-30: 1000 graphs of 16 nodes, seed 1) and
+evaluates on ``"val"`` (``eval_size * multiplier`` graphs of ``train_nodes`` nodes, seed
+2) and one ``"test_{n}"`` split per entry of ``test_nodes`` (as many graphs of ``n``
+nodes, seed 3; CLRS-30 tests at 64). ``seed`` shifts every split's seed by ``3 * seed``
+(0 gives CLRS-30's seeds).
+
+Batches (every value an array with the batch axis first)::
+
+    inputs         float32 [b, n, n]   the adjacency `adj` (self-loops included)
+    input_<name>   the other inputs: pos [b, n], A [b, n, n], s [b, n] (with a source)
+    hint_<name>    [b, T, ...] hint trajectories, zero-padded past `lengths`
+    lengths        int32 [b]           hint steps of each example
+    targets        the output: `pi` int32 [b, n] (parents), or Kruskal's `in_mst`
+                   int32 [b, n, n] (0/1)
+    mask, index    added by the batcher
+
+Everything but ``inputs``, ``targets``, ``mask`` and ``index`` is in `batch_extras`,
+so the train and eval steps hand it to the model and to `metrics` as keywords. The
+training split carries the whole hint trajectories (``T`` = its longest run); the
+evaluation splits carry the first step only (``T = 1``: the algorithm's initial state,
+which CLRS also hands its model), so a test split of large graphs stays small.
+
+Metrics (CLRS's scores): a pointer output scores the fraction of nodes whose predicted
+parent is right, per graph, averaged over graphs (all graphs of a split have ``n``
+nodes, so this equals CLRS's mean over all nodes); Kruskal's mask output scores the F1
+of the predicted edges, computed from the true/false positive and false negative
+counts. Both are reported as ``"score"``; the counts are reported per graph as well
+(``"true_positives"``, ...), so `f1_from_counts` of the split's combined means gives
+CLRS's F1 over the whole split when it spans several batches.
+
+References:
+  Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022
+  (``clrs/_src/evaluation.py``).
+  Xhonneux et al., "Deep Equilibrium Models for Algorithmic Reasoning", ICLR 2024 blog
+  post track.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from deq_jax.tasks.base import Task
+from deq_jax.tasks.clrs import specs
+from deq_jax.tasks.clrs.sampler import CLRS30_SEEDS, sample_example
+
+TRAIN, VAL = "train", "val"
+
+
+def model_spec(algorithm: str) -> tuple[tuple[str, str, str, str, int], ...]:
+    """The algorithm's features as ``(name, stage, location, type, categories)`` rows,
+    the ``spec`` of `deq_jax.nn.clrs_model.ClrsModel`."""
+    specs.check_algorithm(algorithm)
+    categories = specs.NUM_CATEGORIES.get(algorithm, {})
+    return tuple(
+        (name, stage, location, type_, categories.get(name, 0))
+        for name, (stage, location, type_) in specs.SPECS[algorithm].items()
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClrsConfig:
+    """What to generate (frozen, hashable).
+
+    Attributes:
+      algorithm: a name in `deq_jax.tasks.clrs.ALGORITHMS`.
+      train_nodes: nodes per training and validation graph.
+      test_nodes: one ``"test_{n}"`` split per node count.
+      train_size: training graphs.
+      eval_size: validation and test graphs, before the multiplier.
+      multiplier: CLRS-30's evaluation-size multiplier.
+      seed: shifts every split's seed by ``3 * seed``.
+    """
+
+    algorithm: str = "bellman_ford"
+    train_nodes: int = 16
+    test_nodes: tuple[int, ...] = (64,)
+    train_size: int = 1000
+    eval_size: int = 32
+    multiplier: int = 1
+    seed: int = 0
+
+    def __post_init__(self):
+        specs.check_algorithm(self.algorithm)
+        object.__setattr__(self, "test_nodes", tuple(int(n) for n in self.test_nodes))
+        for field in ("train_nodes", "train_size", "eval_size", "multiplier", "seed"):
+            value, least = getattr(self, field), {"train_nodes": 2, "seed": 0}.get(field, 1)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+                raise ValueError(f"ClrsConfig.{field} must be an integer >= {least}: {value!r}.")
+        if not self.test_nodes or min(self.test_nodes) < 2:
+            raise ValueError(f"test_nodes must be node counts >= 2, got {self.test_nodes}.")
+        if len(set(self.test_nodes)) != len(self.test_nodes):
+            raise ValueError(f"test_nodes must be distinct, got {self.test_nodes}.")
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """``("train", "val", "test_64", ...)``."""
+        return (TRAIN, VAL) + tuple(f"test_{n}" for n in self.test_nodes)
+
+    def check_split(self, split: str) -> None:
+        """Raises a ValueError naming the valid splits if ``split`` is not one."""
+        if split not in self.splits:
+            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
+
+    def nodes(self, split: str) -> int:
+        """Nodes per graph in ``split``."""
+        self.check_split(split)
+        return self.train_nodes if split in (TRAIN, VAL) else int(split.removeprefix("test_"))
+
+    def size(self, split: str) -> int:
+        """Graphs in ``split``."""
+        self.check_split(split)
+        return self.train_size if split == TRAIN else self.eval_size * self.multiplier
+
+    def seed_of(self, split: str) -> int:
+        """The sampler seed of ``split`` (CLRS-30's 1, 2, 3 when ``seed == 0``)."""
+        self.check_split(split)
+        kind = split if split in (TRAIN, VAL) else "test"
+        return CLRS30_SEEDS[kind] + 3 * self.seed
+
+
+@functools.lru_cache(maxsize=16)
+def generate_split(config: ClrsConfig, split: str) -> dict[str, np.ndarray]:
+    """One split as batchable arrays (module docstring); deterministic and cached.
+
+    Draws the graphs exactly as `deq_jax.tasks.clrs.sample_dataset` does (one numpy
+    stream from the split's seed), keeping each example's whole hint trajectory for the
+    training split and its first step otherwise.
+    """
+    alg, n, count = config.algorithm, config.nodes(split), config.size(split)
+    rng = np.random.default_rng(config.seed_of(split))
+    examples = []
+    for _ in range(count):
+        example = sample_example(alg, rng, n)
+        if split != TRAIN:
+            example = example._replace(hints={k: v[:1] for k, v in example.hints.items()})
+        examples.append(example)
+    lengths = np.array([e.length for e in examples], np.int32)  # [N]
+    steps = max(int(lengths.max()), 2) if split == TRAIN else 1
+    (output,) = specs.names(alg, specs.Stage.OUTPUT)
+    out = {
+        "inputs": np.stack([e.inputs["adj"] for e in examples]).astype(np.float32),
+        "lengths": lengths,
+        "targets": np.stack([e.outputs[output] for e in examples]).astype(np.int32),
+    }
+    for name in specs.names(alg, specs.Stage.INPUT):
+        if name != "adj":
+            out[f"input_{name}"] = np.stack([e.inputs[name] for e in examples])
+    for name in specs.names(alg, specs.Stage.HINT):
+        first = examples[0].hints[name]
+        padded = np.zeros((count, steps, *first.shape[1:]), first.dtype)  # [N, T, ...]
+        for i, example in enumerate(examples):
+            padded[i, : len(example.hints[name])] = example.hints[name]
+        out[f"hint_{name}"] = padded
+    for array in out.values():
+        array.flags.writeable = False
+    return out
+
+
+def f1_from_counts(true_positives, false_positives, false_negatives):
+    """CLRS's F1 from (summed or averaged) counts; numpy or jax, jittable.
+
+    Precision is 1 without predicted positives, recall 1 without true positives, and
+    F1 is 0 when both are 0 (``clrs/_src/evaluation.py``, ``_mask_fn``).
+    """
+    counts = (true_positives, false_positives, false_negatives)
+    tp, fp, fn = (jnp.asarray(x, jnp.float32) for x in counts)
+    precision = jnp.where(tp + fp > 0, tp / jnp.maximum(tp + fp, 1e-12), 1.0)
+    recall = jnp.where(tp + fn > 0, tp / jnp.maximum(tp + fn, 1e-12), 1.0)
+    total = precision + recall
+    return jnp.where(total > 0, 2.0 * precision * recall / jnp.maximum(total, 1e-12), 0.0)
+
+
+def _weights(mask, batch: int):
+    return jnp.ones(batch) if mask is None else jnp.asarray(mask, jnp.float32)
+
+
+def pointer_score(logits, targets, mask=None) -> dict:
+    """CLRS's pointer accuracy: the fraction of nodes with the right parent.
+
+    Args:
+      logits: ``[B, n, n]``, row ``i`` the scores of ``i``'s parent.
+      targets: int ``[B, n]``, the true parents.
+      mask: optional ``[B]`` bool, which graphs count.
+
+    Returns:
+      ``{"score": mean over counted graphs of the per-graph accuracy, "count"}``.
+    """
+    if logits.ndim != 3 or logits.shape[:2] != targets.shape:
+        raise ValueError(
+            f"Expected logits [B, n, n] and targets [B, n], got {logits.shape} and {targets.shape}."
+        )
+    right = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)  # [B, n]
+    weight = _weights(mask, right.shape[0])
+    count = jnp.sum(weight)
+    return {"score": jnp.sum(weight * right.mean(axis=1)) / jnp.maximum(count, 1.0), "count": count}
+
+
+def mask_score(logits, targets, mask=None) -> dict:
+    """CLRS's mask score: the F1 of the predicted positives over the counted graphs.
+
+    Args:
+      logits: ``[B, ..., 2]`` two-class logits (class 1 predicted where it wins).
+      targets: int ``[B, ...]`` 0/1.
+      mask: optional ``[B]`` bool, which graphs count.
+
+    Returns:
+      ``{"score": F1 over every entry of the counted graphs, "true_positives",
+      "false_positives", "false_negatives": per-graph means, "count"}``.
+    """
+    if logits.shape[:-1] != targets.shape or logits.shape[-1] != 2:
+        raise ValueError(
+            f"Expected logits [B, ..., 2] and targets [B, ...], got {logits.shape} and "
+            f"{targets.shape}."
+        )
+    pred = jnp.argmax(logits, axis=-1) == 1
+    truth = targets > 0
+    axes = tuple(range(1, truth.ndim))
+    weight = _weights(mask, truth.shape[0])
+    count = jnp.maximum(jnp.sum(weight), 1.0)
+    tp, fp, fn = (
+        jnp.sum(weight * jnp.sum(x, axis=axes)) / count
+        for x in (pred & truth, pred & ~truth, ~pred & truth)
+    )
+    return {
+        "score": f1_from_counts(tp, fp, fn),
+        "true_positives": tp,
+        "false_positives": fp,
+        "false_negatives": fn,
+        "count": jnp.sum(weight),
+    }
+
+
+class ClrsTask(Task):
+    """A CLRS-30 algorithm behind the uniform task interface (module docstring).
+
+    A classification task: ``num_classes`` is the training graphs' node count for
+    pointer outputs (one class per candidate parent; larger graphs have more) and 2 for
+    Kruskal's edge mask.
+
+    Args:
+      config: what to generate.
+    """
+
+    name = "clrs"
+    train_split = TRAIN
+
+    def __init__(self, config: ClrsConfig = ClrsConfig()):
+        self.config = config
+        alg = config.algorithm
+        (self.output,) = specs.names(alg, specs.Stage.OUTPUT)
+        self.output_type = specs.SPECS[alg][self.output][2]
+        inputs = [f"input_{k}" for k in specs.names(alg, specs.Stage.INPUT) if k != "adj"]
+        hints = [f"hint_{k}" for k in specs.names(alg, specs.Stage.HINT)]
+        self.batch_extras = (*inputs, *hints, "lengths")
+
+    @property
+    def num_classes(self) -> int:
+        """Classes per output position (see the class docstring)."""
+        return 2 if self.output_type == specs.Type.MASK else self.config.train_nodes
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """``("val", "test_64", ...)``."""
+        return self.config.splits[1:]
+
+    @property
+    def input_shape(self) -> tuple[int, int]:
+        """One training graph's adjacency ``(n, n)``, for ``model.init``."""
+        return (self.config.train_nodes, self.config.train_nodes)
+
+    def source(self, split: str) -> dict[str, np.ndarray]:
+        """The arrays of ``split`` (`generate_split`)."""
+        return generate_split(self.config, split)
+
+    def num_examples(self, split: str) -> int:
+        """Graphs in ``split``."""
+        return self.config.size(split)
+
+    def metrics(self, outputs, targets, mask=None, **extras) -> dict:
+        """``{"score", ..., "count"}`` (module docstring); ``extras`` are ignored."""
+        del extras  # the batch's features; the score needs outputs and targets only
+        if self.output_type == specs.Type.MASK:
+            return mask_score(outputs, targets, mask)
+        return pointer_score(outputs, targets, mask)
+
+
+def clrs(
+    *,
+    algorithm: str = "bellman_ford",
+    data_dir: str | None = None,
+    seed: int = 0,
+    train_nodes: int = 16,
+    test_nodes: tuple[int, ...] = (64,),
+    train_size: int = 1000,
+    eval_size: int = 32,
+    multiplier: int = 1,
+) -> ClrsTask:
+    """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
+
+    ``data_dir`` is accepted for a uniform call signature and unused (generated in
+    memory).
+    """
+    del data_dir  # Generated in memory.
+    config = ClrsConfig(
+        algorithm=algorithm,
+        train_nodes=train_nodes,
+        test_nodes=tuple(test_nodes),
+        train_size=train_size,
+        eval_size=eval_size,
+        multiplier=multiplier,
+        seed=seed,
+    )
+    return ClrsTask(config)

@@ -1,0 +1,244 @@
+"""The CLRS report: six algorithms x three ways of running the processor.
+
+For each algorithm and mode, trains (or, when the run's workdir already holds its final
+checkpoint, loads) ``configs/clrs_<algorithm>.py`` with ``model.mode=<mode>`` in
+``{workdir}/<algorithm>/<mode>``, evaluates every eval split at the model's eval budget
+and writes to ``{workdir}``:
+
+* ``clrs_report.json``: one row per run: the CLRS score (pointer accuracy, Kruskal's
+  edge F1 over the whole split) per graph size (``val`` at 16 nodes, ``test_<n>``),
+  the mean and max processor steps per size, the training time (``train_seconds``
+  of the run's ``length_generalization.json``: the wall time of the invocation that
+  finished the training), and the goal: the DEQ column of Xhonneux et al. (2024) at 64
+  nodes, with the gap to it;
+* ``clrs_report.md``: the same as a table;
+* ``clrs_report.png``: the score and the steps against the graph size.
+
+Modes: ``deq`` (the solver's fixed point, implicit gradients), ``hint_propagation``
+(iterate to the fixed point, backprop through time), ``fixed_steps`` (the true number of
+steps with hint supervision, CLRS's baseline).
+
+Usage::
+
+    python -m launch.clrs_report --workdir /tmp/clrs_report \\
+        [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
+
+References:
+  Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
+  Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
+  Reasoning", ICLR 2024 blog post track.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import app, flags, logging
+
+from configs.clrs_common import MODES, clrs_config
+from deq_jax.tasks.clrs import ALGORITHMS, f1_from_counts
+from deq_jax.training import NonFiniteLossError
+from launch import main as launch_main
+from launch.runs import quiet, trained_run
+
+REPORT = "clrs_report"
+# Test score at 64 nodes of the DEQ column of Xhonneux et al. (2024), in percent.
+GOALS = {
+    "bellman_ford": 96.4,
+    "dijkstra": 78.8,
+    "bfs": 53.8,
+    "dfs": 5.0,
+    "mst_kruskal": 82.3,
+    "mst_prim": 75.2,
+}
+TARGET = "test_64"
+
+
+def define_flags() -> None:
+    """Defines this program's flags (``--workdir`` comes from `launch.main`)."""
+    flags.DEFINE_list("algorithms", list(ALGORITHMS), "CLRS algorithms to report.")
+    flags.DEFINE_list("modes", list(MODES), "Modes: deq, hint_propagation, fixed_steps.")
+    flags.DEFINE_integer("steps", 0, "Train steps of every run (0: the config's).")
+    flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+
+
+def run_config(algorithm: str, mode: str, steps: int = 0, smoke: bool = False) -> Any:
+    """The config of one run: the algorithm's config in ``mode``, ``steps`` if set.
+
+    ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
+    regularise; CLRS's baseline has none).
+    """
+    config = clrs_config(algorithm, "smoke" if smoke else None)
+    config.model.mode = mode
+    if mode == "fixed_steps":
+        config.regularizer.jacobian_weight = 0.0
+    if steps:
+        config.train.steps = steps
+        config.train.warmup_steps = min(config.train.warmup_steps, steps // 10)
+    return config
+
+
+def split_nodes(config: Any, split: str) -> int:
+    """Nodes per graph of an eval split (``val``: the training size)."""
+    return config.task.train_nodes if split == "val" else int(split.removeprefix("test_"))
+
+
+def split_score(metrics: dict[str, float]) -> float:
+    """The CLRS score of a split: Kruskal's F1 from the split's combined counts (exact
+    over several batches), else the combined per-graph score."""
+    if "true_positives" in metrics:
+        counts = (metrics[k] for k in ("true_positives", "false_positives", "false_negatives"))
+        return float(f1_from_counts(*counts))
+    return float(metrics["score"])
+
+
+def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
+    """Score and processor steps of every eval split at the model's eval budget."""
+    from deq_jax.training import evaluate
+
+    evaluator = evaluate.Evaluator(run.model, run.task, run.mesh, config.eval.batch_size)
+    out = {}
+    for split, metrics in evaluator.evaluate_splits(run.state, run.task.eval_splits).items():
+        out[split] = dict(
+            nodes=split_nodes(config, split),
+            score=split_score(metrics),
+            nstep_mean=float(metrics["nstep_mean"]),
+            nstep_max=float(metrics["nstep_max"]),
+            count=int(metrics["count"]),
+        )
+    return out
+
+
+def train_seconds(workdir: str) -> float | None:
+    """``train_seconds`` of the run's ``length_generalization.json`` (``None`` if absent)."""
+    path = os.path.join(workdir, "length_generalization.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("train_seconds")
+
+
+def report_row(algorithm: str, mode: str, splits: dict[str, dict], seconds: float | None) -> dict:
+    """One table row: scores and steps at 16 and 64 nodes, the goal and the gap."""
+    goal = GOALS[algorithm]
+    val, test = splits.get("val", {}), splits.get(TARGET, {})
+    score = test.get("score")
+    return dict(
+        algorithm=algorithm,
+        mode=mode,
+        val_score=val.get("score"),
+        test_score=score,
+        goal=goal,
+        gap=None if score is None else 100.0 * score - goal,
+        val_nstep_mean=val.get("nstep_mean"),
+        val_nstep_max=val.get("nstep_max"),
+        test_nstep_mean=test.get("nstep_mean"),
+        test_nstep_max=test.get("nstep_max"),
+        train_seconds=seconds,
+        splits=splits,
+    )
+
+
+def _cell(value: Any, percent: bool = False, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.{digits}f}" if percent else f"{value:.{digits}f}"
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """The report as a markdown table (scores in percent)."""
+    lines = [
+        f"| algorithm | mode | val score (16) | test score ({TARGET[5:]}) | goal (DEQ column) | "
+        "gap | steps mean/max (16) | steps mean/max (64) | train s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "diverged" in r:
+            lines.append(f"| {r['algorithm']} | {r['mode']} | diverged | | {r['goal']} | | | | |")
+            continue
+        gap = "-" if r["gap"] is None else f"{r['gap']:+.1f}"
+        steps = [
+            f"{_cell(r[f'{k}_nstep_mean'])} / {_cell(r[f'{k}_nstep_max'], digits=0)}"
+            for k in ("val", "test")
+        ]
+        lines.append(
+            f"| {r['algorithm']} | {r['mode']} | {_cell(r['val_score'], True)} | "
+            f"{_cell(r['test_score'], True)} | {r['goal']} | {gap} | {steps[0]} | {steps[1]} | "
+            f"{_cell(r['train_seconds'], digits=0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_report(
+    root: str,
+    algorithms: Sequence[str],
+    modes: Sequence[str],
+    *,
+    steps: int = 0,
+    smoke: bool = False,
+    emit: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG."""
+    from launch import clrs_report_plots as plots
+
+    rows = []
+    for algorithm in algorithms:
+        for mode in modes:
+            config = run_config(algorithm, mode, steps, smoke)
+            workdir = os.path.join(root, algorithm, mode)
+            emit(f"[{algorithm}/{mode}] training or loading in {workdir}")
+            try:
+                run = trained_run(config, workdir, emit=quiet)
+            except NonFiniteLossError as err:  # a diverged run is a result too
+                emit(f"[{algorithm}/{mode}] diverged: {err}")
+                rows.append(
+                    dict(algorithm=algorithm, mode=mode, goal=GOALS[algorithm], diverged=str(err))
+                )
+                continue
+            row = report_row(algorithm, mode, evaluate_run(run, config), train_seconds(workdir))
+            rows.append(row)
+            brief = {k: v for k, v in row.items() if k != "splits"}
+            emit(f"[{algorithm}/{mode}] {json.dumps(brief)}")
+    os.makedirs(root, exist_ok=True)
+    report = dict(rows=rows, goals=GOALS, target=TARGET, steps=steps, smoke=smoke)
+    paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md", "png")}
+    report["figure"] = plots.write_figure(rows, paths["png"])
+    with open(paths["md"], "w") as f:
+        f.write(markdown(rows))
+    with open(paths["json"], "w") as f:
+        json.dump(report, f, indent=1)
+    emit(markdown(rows))
+    emit(f"Wrote {', '.join(paths.values())}")
+    return report
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    flag = flags.FLAGS
+    for name, given, valid in (
+        ("algorithm", flag.algorithms, ALGORITHMS),
+        ("mode", flag.modes, MODES),
+    ):
+        unknown = [v for v in given if v not in valid]
+        if unknown:
+            raise app.UsageError(f"Unknown {name} {unknown}. Valid: {', '.join(valid)}.")
+    run_report(
+        launch_main._WORKDIR.value,
+        flag.algorithms,
+        flag.modes,
+        steps=flag.steps,
+        smoke=flag.smoke,
+        emit=lambda line: print(line, flush=True),
+    )
+
+
+if __name__ == "__main__":
+    define_flags()
+    flags.mark_flags_as_required(["workdir"])  # --workdir is launch.main's flag
+    app.run(main)

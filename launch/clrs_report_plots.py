@@ -1,0 +1,58 @@
+"""The PNG of the CLRS report (`launch.clrs_report`): score and steps against graph size.
+
+One line per run: the colour is the algorithm, the line style the mode. Left: the CLRS
+score (percent) at each evaluated graph size, the goal of the DEQ column at 64 nodes as
+a cross per algorithm. Right: the mean processor steps at each size.
+
+References:
+  Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
+  Reasoning", ICLR 2024 blog post track.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+STYLES = {"deq": "-", "hint_propagation": "--", "fixed_steps": ":"}
+
+
+def write_figure(rows: Sequence[dict], path: str) -> str:
+    """Draws the two panels for the report's rows; returns ``path``."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
+    for row in rows:
+        if "splits" not in row:
+            continue  # a diverged run
+        points = sorted(row["splits"].values(), key=lambda s: s["nodes"])
+        nodes = [p["nodes"] for p in points]
+        style = dict(
+            color=colours[row["algorithm"]],
+            linestyle=STYLES.get(row["mode"], "-"),
+            marker="o",
+            label=f"{row['algorithm']} {row['mode']}",
+        )
+        left.plot(nodes, [100 * p["score"] for p in points], **style)
+        right.plot(nodes, [p["nstep_mean"] for p in points], **style)
+    for algorithm in algorithms:
+        goal = next(r["goal"] for r in rows if r["algorithm"] == algorithm)
+        left.scatter([64], [goal], marker="x", s=60, color=colours[algorithm])
+    left.set_ylabel("score (%)  [x: DEQ column of the post at 64 nodes]")
+    right.set_ylabel("processor steps (mean)")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("nodes per graph")
+    right.legend(fontsize=6, ncol=2)
+    trained = {r["splits"]["val"]["nodes"] for r in rows if "val" in r.get("splits", {})}
+    fig.suptitle(f"CLRS: trained on {', '.join(map(str, sorted(trained)))} nodes")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,356 @@
+"""CLRS processors, codec, loops and model modes (deq_jax.nn.clrs_*)."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from deq_jax.nn import models
+from deq_jax.nn.clrs_codec import (
+    FeatureDecoder,
+    FeatureSpec,
+    feature_loss,
+    feedback,
+    parse_spec,
+)
+from deq_jax.nn.clrs_loops import run_fixed_steps, unroll_to_fixed_point
+from deq_jax.nn.clrs_model import AUX_LOSS, ClrsModel
+from deq_jax.nn.clrs_processors import MPNN, ProcessorInputs, TripletMPNN, max_reduce, min_update
+from deq_jax.solvers.anderson import anderson
+from deq_jax.tasks import clrs
+
+KEY = jax.random.PRNGKey(0)
+RNGS = {"params": jax.random.PRNGKey(1), "dropout": jax.random.PRNGKey(2)}
+H = 8
+
+
+def processor_inputs(seed=0, batch=2, n=5, features=H):
+    k = jax.random.split(jax.random.PRNGKey(seed), 4)
+    adj = jax.random.bernoulli(k[3], 0.5, (batch, n, n)).astype(jnp.float32)
+    adj = jnp.maximum(adj, jnp.eye(n))  # self-loops, as CLRS's `adj`
+    x = ProcessorInputs(
+        jax.random.normal(k[0], (batch, n, features)),
+        jax.random.normal(k[1], (batch, n, n, features)),
+        jax.random.normal(k[2], (batch, features)),
+        adj,
+    )
+    return x, jax.random.normal(jax.random.PRNGKey(seed + 1), (batch, n, H))
+
+
+def permute(x: ProcessorInputs, perm) -> ProcessorInputs:
+    return ProcessorInputs(
+        x.node[:, perm], x.edge[:, perm][:, :, perm], x.graph, x.adjacency[:, perm][:, :, perm]
+    )
+
+
+def task_batch(algorithm="bellman_ford", split="train", n=6, size=8):
+    task = clrs.ClrsTask(
+        clrs.ClrsConfig(algorithm, train_nodes=n, test_nodes=(n + 3,), train_size=16, eval_size=8)
+    )
+    batch = next(task.eval_iterator(split, size))
+    extras = {k: jnp.asarray(batch[k]) for k in task.batch_extras}
+    return task, jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"]), extras
+
+
+def clrs_model(algorithm="bellman_ford", **kw):
+    kw = {"hidden": H, "solver": anderson(tol=1e-4, max_iter=12), "train_max_iter": 12} | kw
+    return ClrsModel(spec=clrs.model_spec(algorithm), **kw)
+
+
+def init(model, n=6):
+    return jax.jit(lambda: model.init(RNGS, jnp.zeros((1, n, n)), train=False))()
+
+
+# --- processors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [MPNN, TripletMPNN])
+@pytest.mark.parametrize("aggregation", ["adjacency", "full"])
+def test_processors_shape_and_permutation_equivariance(cls, aggregation):
+    x, z = processor_inputs()
+    cell = cls(hidden=H, aggregation=aggregation, triplet_features=4)
+    variables = cell.init(KEY, z, x)
+    out = cell.apply(variables, z, x)
+    chex.assert_shape(out, z.shape)
+    assert cell.state_spec(x).shape == z.shape
+    perm = jnp.array([3, 0, 4, 1, 2])
+    permuted = cell.apply(variables, z[:, perm], permute(x, perm))
+    np.testing.assert_allclose(permuted, out[:, perm], atol=1e-5)
+
+
+def test_adjacency_aggregation_ignores_non_neighbours():
+    x, z = processor_inputs(n=4)
+    adj = jnp.broadcast_to(jnp.eye(4), (2, 4, 4))  # self-loops only
+    x = x._replace(adjacency=adj)
+    cell = MPNN(hidden=H)
+    variables = cell.init(KEY, z, x)
+    out = cell.apply(variables, z, x)
+    # Changing a node's state changes no other node's update when nobody hears it.
+    other = cell.apply(variables, z.at[:, 0].add(5.0), x)
+    np.testing.assert_allclose(out[:, 1:], other[:, 1:], atol=1e-6)
+    full = MPNN(hidden=H, aggregation="full")
+    assert not np.allclose(
+        full.apply(variables, z, x)[:, 1:], full.apply(variables, z.at[:, 0].add(5.0), x)[:, 1:]
+    )
+
+
+def test_min_update_and_softmin():
+    z = jnp.array([[0.0, 1.0, -2.0, 3.0]])
+    p = jnp.array([[1.0, 0.0, -2.0, 5.0]])
+    np.testing.assert_allclose(min_update(z, p), [[0.0, 0.0, -2.0, 3.0]])
+    soft = min_update(z, p, tau=0.5)
+    assert np.all(soft >= np.minimum(z, p) - 1e-6) and np.all(soft <= np.maximum(z, p) + 1e-6)
+    np.testing.assert_allclose(soft[0, 2], -2.0)  # p == z is a fixed point
+    np.testing.assert_allclose(min_update(z, p, tau=1e-4), jnp.minimum(z, p), atol=1e-3)
+    x, z = processor_inputs()
+    cell = MPNN(hidden=H, min_update=True)
+    out = cell.apply(cell.init(KEY, z, x), z, x)
+    assert np.all(out <= z) and np.any(out < z)
+    with pytest.raises(ValueError, match="softmin_tau"):
+        min_update(z, z, tau=-1.0)
+
+
+def test_max_reduce_matches_max_and_sends_the_gradient_to_one_maximiser():
+    x = jnp.array([[1.0, 3.0, 3.0], [2.0, -1.0, 0.0]])
+    np.testing.assert_allclose(max_reduce(x, 1), [3.0, 2.0])
+    grad = jax.grad(lambda x: max_reduce(x, 1).sum())(x)
+    np.testing.assert_allclose(grad, [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+
+
+# --- codec ----------------------------------------------------------------------------
+
+
+def test_pointer_decoder_rows_are_distributions_and_feedback_modes():
+    spec = (FeatureSpec("pi", "output", "node", "pointer"),)
+    x, z = processor_inputs()
+    h = jnp.concatenate([x.node, z], axis=-1)
+    decoder = FeatureDecoder(spec, H)
+    logits = decoder.apply(decoder.init(KEY, h, x.edge, x.graph), h, x.edge, x.graph)["pi"]
+    chex.assert_shape(logits, (2, 5, 5))
+    soft = feedback(spec[0], logits, "soft")
+    np.testing.assert_allclose(soft.sum(-1), 1.0, atol=1e-6)
+    hard = feedback(spec[0], logits, "hard")
+    np.testing.assert_array_equal(hard.argmax(-1), logits.argmax(-1))
+    np.testing.assert_allclose(hard.sum(-1), 1.0)
+    gumbel = feedback(spec[0], logits, "gumbel", key=KEY)
+    np.testing.assert_allclose(gumbel, jax.nn.one_hot(gumbel.argmax(-1), 5), atol=1e-6)
+    # Straight-through: the sample's gradient is the (noisy) softmax's.
+    w = jax.random.normal(KEY, logits.shape)
+    g_st = jax.grad(lambda y: jnp.sum(w * feedback(spec[0], y, "gumbel", key=KEY)))(logits)
+    noise = jax.random.gumbel(KEY, logits.shape)
+    g_soft = jax.grad(lambda y: jnp.sum(w * jax.nn.softmax(y + noise, -1)))(logits)
+    np.testing.assert_allclose(g_st, g_soft, atol=1e-5)
+    with pytest.raises(ValueError, match="key"):
+        feedback(spec[0], logits, "gumbel")
+
+
+def test_feature_losses_known_answers():
+    mask = FeatureSpec("m", "hint", "node", "mask")
+    np.testing.assert_allclose(feature_loss(mask, jnp.zeros((2, 3)), jnp.ones((2, 3))), math.log(2))
+    scalar = FeatureSpec("d", "hint", "node", "scalar")
+    np.testing.assert_allclose(feature_loss(scalar, jnp.ones((1, 2)), jnp.array([[1.0, 3.0]])), 2.0)
+    pointer = FeatureSpec("pi", "hint", "node", "pointer")
+    uniform = jnp.zeros((1, 4, 4))
+    np.testing.assert_allclose(
+        feature_loss(pointer, uniform, jnp.array([[0, 1, 2, 3]])), math.log(4)
+    )
+    cat = FeatureSpec("c", "hint", "graph", "categorical", 3)
+    np.testing.assert_allclose(
+        feature_loss(cat, jnp.zeros((1, 3)), jnp.eye(3)[:1]), math.log(3), 1e-6
+    )
+
+
+def test_parse_spec_rejects_bad_rows():
+    with pytest.raises(ValueError, match="pointer"):
+        parse_spec([("pi", "output", "node", "vector", 0)])
+    with pytest.raises(ValueError, match="categories"):
+        parse_spec([("c", "hint", "node", "categorical", 0)])
+    with pytest.raises(ValueError, match="twice"):
+        parse_spec([("a", "input", "node", "scalar"), ("a", "input", "edge", "scalar")])
+
+
+# --- loops ----------------------------------------------------------------------------
+
+
+def test_unroll_to_fixed_point_known_answer_penalty_and_gradient():
+    b = jnp.array([[1.0, -2.0], [0.5, 0.0]])
+    f = lambda z, b: 0.5 * z + b  # fixed point 2b
+
+    def solve(b):
+        return unroll_to_fixed_point(
+            f, jnp.zeros_like(b), b, max_iter=60, tol=1e-6, stop_mode="abs"
+        )
+
+    z, stats, penalty = solve(b)
+    np.testing.assert_allclose(z, 2 * b, atol=1e-5)
+    assert np.all(stats.converged) and np.all(stats.nstep < 60) and stats.trace.shape == (2, 60)
+    # Steps z_{t+1} - z_t = b / 2^t: the penalty is |b|^2 sum 4^-t = |b|^2 * 4 / 3.
+    np.testing.assert_allclose(penalty, jnp.sum(b**2, 1) * 4 / 3, rtol=1e-4)
+    grad = jax.grad(lambda b: solve(b)[0].sum())(b)  # backprop through time: dz*/db = 2
+    np.testing.assert_allclose(grad, 2.0, atol=1e-4)
+
+
+def test_run_fixed_steps_counts_freezes_scores_and_forces():
+    spec = (FeatureSpec("m", "hint", "node", "mask"),)
+    truth = jnp.stack([jnp.full((2, 3), float(t % 2)) for t in range(4)], axis=1)  # [B, T=4, n]
+    lengths = jnp.array([4, 1], jnp.int32)
+
+    def step(z, fed):  # adds the fed hint; decodes logits 0 (probability 1/2)
+        return z + fed["m"][..., None], {"m": jnp.zeros((2, 3))}
+
+    z0 = jnp.zeros((2, 3, 1))
+    z, stats, hint_loss, _ = run_fixed_steps(step, z0, {"m": truth}, lengths, spec, train=True)
+    np.testing.assert_array_equal(stats.nstep, [3, 1])  # max(length - 1, 1)
+    np.testing.assert_allclose(z[0, :, 0], 0.0 + 0.5 + 0.5)  # truth at 0, then fed 1/2
+    np.testing.assert_allclose(z[1, :, 0], 0.0)  # one step from the truth at 0, then frozen
+    np.testing.assert_allclose(hint_loss, [math.log(2), 0.0], rtol=1e-6)  # no valid step
+    forced = run_fixed_steps(
+        step, z0, {"m": truth}, lengths, spec, train=True, key=KEY, teacher_forcing=1.0
+    )[0]
+    np.testing.assert_allclose(forced[0, :, 0], 0.0 + 1.0 + 0.0)  # the truth at t = 0, 1, 2
+    evaluated = run_fixed_steps(step, z0, {"m": truth[:, :1]}, lengths, spec, train=False)
+    np.testing.assert_allclose(evaluated[0], z)  # the same run from step 0's hints only
+    with pytest.raises(ValueError, match="T >= 2"):
+        run_fixed_steps(step, z0, {"m": truth[:, :1]}, lengths, spec, train=True)
+
+
+# --- model ----------------------------------------------------------------------------
+
+
+def test_registered_and_model_shapes():
+    assert isinstance(models.get("clrs_deq", spec=clrs.model_spec("bfs")), ClrsModel)
+    _, adj, targets, extras = task_batch()
+    model = clrs_model()
+    logits, stats = model.apply(init(model), adj, train=False, **extras)
+    chex.assert_shape(logits, (8, 6, 6))
+    chex.assert_shape(stats.nstep, (8,))
+    _, adj, targets, extras = task_batch("mst_kruskal")
+    model = clrs_model("mst_kruskal")
+    logits, _ = model.apply(init(model), adj, train=False, **extras)
+    chex.assert_shape(logits, (8, 6, 6, 2))
+    np.testing.assert_array_equal(logits[..., 0], 0.0)
+
+
+@pytest.mark.parametrize("mode", ["deq", "fixed_steps"])
+def test_model_is_permutation_equivariant(mode):
+    task, adj, _, extras = task_batch(split="val")
+    model = clrs_model(mode=mode, eval_max_iter=12)
+    variables = init(model)
+    perm = jnp.array([4, 2, 0, 5, 1, 3])
+    logits, _ = model.apply(variables, adj, train=False, **extras)
+    inverse = jnp.argsort(perm)
+
+    def relabel(key, value):  # node axes of every feature; pointer values renamed too
+        if key == "lengths":
+            return value
+        value = value[:, :, perm] if key.startswith("hint_") else value[:, perm]
+        if key in ("input_A",):
+            value = value[:, :, perm]
+        return inverse[value] if key == "hint_pi_h" else value
+
+    permuted = {k: relabel(k, v) for k, v in extras.items()}
+    out, _ = model.apply(variables, adj[:, perm][:, :, perm], train=False, **permuted)
+    np.testing.assert_allclose(out, logits[:, perm][:, :, perm], atol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "algorithm, mode, processor",
+    [
+        ("bellman_ford", "deq", "triplet_mpnn"),
+        ("bellman_ford", "hint_propagation", "mpnn"),
+        ("bellman_ford", "fixed_steps", "mpnn"),
+        # Long hint runs through triplets: once 0 / 0 = NaN in `jnp.max`'s derivative.
+        ("mst_kruskal", "fixed_steps", "triplet_mpnn"),
+        pytest.param("dfs", "deq", "mpnn", marks=pytest.mark.slow),
+    ],
+)
+def test_every_mode_has_finite_gradients(algorithm, mode, processor):
+    _, adj, targets, extras = task_batch(algorithm)
+    model = clrs_model(
+        algorithm, mode=mode, processor=processor, triplet_features=4, step_penalty=0.1
+    )
+    variables = init(model)
+
+    def loss(params):
+        (logits, _), state = model.apply(
+            {"params": params}, adj, train=True, rngs=RNGS, mutable=["intermediates"], **extras
+        )
+        ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1).mean()
+        aux = state.get("intermediates", {}).get(AUX_LOSS, (jnp.zeros(()),))[0]
+        return ce + aux.mean()
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(variables["params"])
+    assert np.isfinite(value)
+    chex.assert_tree_all_finite(grads)
+    assert sum(float(jnp.abs(g).sum()) > 0 for g in jax.tree_util.tree_leaves(grads)) > 0.9 * len(
+        jax.tree_util.tree_leaves(grads)
+    )
+
+
+def sown_aux(model, variables, adj, extras):
+    _, state = model.apply(
+        variables, adj, train=True, rngs=RNGS, mutable=["intermediates"], **extras
+    )
+    return state.get("intermediates", {}).get(AUX_LOSS)
+
+
+def test_options_sow_the_losses_they_should():
+    _, adj, _, extras = task_batch()
+    deq = clrs_model(mode="deq")
+    assert sown_aux(deq, init(deq), adj, extras) is None
+    fixed = clrs_model(mode="fixed_steps")
+    variables = init(fixed)  # the loss options change no parameter
+    hint = sown_aux(fixed, variables, adj, extras)[0]
+    assert hint.shape == (8,)
+    np.testing.assert_array_equal(hint > 0, extras["lengths"] > 1)  # no hint step to score
+    weighted = clrs_model(mode="fixed_steps", hint_loss_weight=2.0, step_penalty=0.5)
+    np.testing.assert_array_less(2 * hint, sown_aux(weighted, variables, adj, extras)[0] + 1e-6)
+    gumbel = clrs_model(mode="fixed_steps", gumbel_hints=True)
+    assert not np.allclose(sown_aux(gumbel, variables, adj, extras)[0], hint)  # samples fed back
+    unrolled = clrs_model(mode="hint_propagation")
+    variables = init(unrolled)
+    assert sown_aux(unrolled, variables, adj, extras) is None
+    penalised = clrs_model(mode="hint_propagation", step_penalty=0.5)
+    penalty = sown_aux(penalised, variables, adj, extras)[0]
+    assert penalty.shape == (8,) and np.all(penalty > 0)
+
+
+def test_jacobian_terms_per_mode():
+    _, adj, _, extras = task_batch()
+    rngs = {**RNGS, "jacobian": KEY}
+    model = clrs_model(mode="hint_propagation")  # the DEQ mode's come from `deq_jax.nn.DEQ`
+    _, state = model.apply(
+        init(model), adj, train=True, rngs=rngs, mutable=["intermediates"],
+        jacobian_samples=1, spectral_iters=3, **extras,
+    )  # fmt: skip
+    terms = state["intermediates"]
+    assert terms["jacobian_term"][0].shape == terms["spectral_radius"][0].shape == (8,)
+    assert np.all(terms["jacobian_term"][0] > 0)
+    model = clrs_model(mode="fixed_steps")
+    with pytest.raises(ValueError, match="fixed point"):
+        model.apply(init(model), adj, train=True, rngs=rngs, jacobian_samples=1, **extras)
+
+
+def test_bad_model_arguments():
+    with pytest.raises(ValueError, match="mode"):
+        clrs_model(mode="forever")
+    with pytest.raises(ValueError, match="output"):
+        ClrsModel(spec=(("x", "output", "node", "scalar", 0),))
+    _, adj, _, extras = task_batch()
+    model = clrs_model(mode="fixed_steps")
+    variables = init(model)
+    with pytest.raises(ValueError, match="Unknown ClrsModel features"):
+        model.apply(variables, adj, train=False, hint_typo=adj, **extras)
+    with pytest.raises(ValueError, match="lengths"):
+        model.apply(
+            variables, adj, train=False, **{k: v for k, v in extras.items() if k != "lengths"}
+        )
+    with pytest.raises(ValueError, match="input_s"):
+        model.apply(
+            variables, adj, train=False, **{k: v for k, v in extras.items() if k != "input_s"}
+        )
+    with pytest.raises(ValueError, match="adjacency"):
+        model.apply(variables, adj[:, :, :3], train=False, **extras)

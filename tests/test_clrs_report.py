@@ -1,0 +1,58 @@
+"""The CLRS report (launch/clrs_report.py): rows, table, figure, and a smoke run."""
+
+import json
+import os
+
+import pytest
+
+from launch import clrs_report, clrs_report_plots
+
+
+def test_run_config_and_scores():
+    config = clrs_report.run_config("bfs", "fixed_steps", steps=50, smoke=True)
+    assert config.model.mode == "fixed_steps" and config.train.steps == 50
+    assert config.train.warmup_steps <= 5
+    assert clrs_report.split_nodes(config, "val") == config.task.train_nodes
+    assert clrs_report.split_nodes(config, "test_64") == 64
+    # Kruskal's F1 comes from the combined counts: tp 2, fp 1, fn 1 -> 2/3.
+    kruskal = dict(score=0.1, true_positives=2.0, false_positives=1.0, false_negatives=1.0)
+    assert clrs_report.split_score(kruskal) == pytest.approx(2 / 3)
+    assert clrs_report.split_score(dict(score=0.25)) == 0.25
+
+
+def test_rows_table_and_figure(tmp_path):
+    splits = {
+        "val": dict(nodes=16, score=0.9, nstep_mean=10.0, nstep_max=14.0, count=32),
+        "test_64": dict(nodes=64, score=0.5, nstep_mean=20.0, nstep_max=30.0, count=32),
+    }
+    row = clrs_report.report_row("bellman_ford", "deq", splits, 12.0)
+    assert row["gap"] == pytest.approx(50.0 - 96.4)
+    assert row["val_nstep_max"] == 14.0 and row["test_nstep_mean"] == 20.0
+    diverged = dict(algorithm="dfs", mode="deq", goal=5.0, diverged="nan")
+    table = clrs_report.markdown([row, diverged])
+    assert (
+        "| bellman_ford | deq | 90.0 | 50.0 | 96.4 | -46.4 | 10.0 / 14 | 20.0 / 30 | 12 |" in table
+    )
+    assert "| dfs | deq | diverged |" in table
+    path = clrs_report_plots.write_figure([row, diverged], str(tmp_path / "f.png"))
+    assert os.path.getsize(path) > 1000
+
+
+def test_smoke_report_end_to_end(tmp_path):
+    root = str(tmp_path)
+    report = clrs_report.run_report(
+        root, ["bellman_ford"], ["deq", "fixed_steps"], smoke=True, emit=lambda s: None
+    )
+    for ext in ("json", "md", "png"):
+        assert os.path.exists(os.path.join(root, f"clrs_report.{ext}"))
+    with open(os.path.join(root, "clrs_report.json")) as f:
+        saved = json.load(f)
+    assert [r["mode"] for r in saved["rows"]] == ["deq", "fixed_steps"]
+    for row in report["rows"]:
+        assert set(row["splits"]) == {"val", "test_9"}  # the smoke config's sizes
+        assert 0.0 <= row["val_score"] <= 1.0 and row["val_nstep_max"] >= 1
+        assert row["train_seconds"] > 0
+    # A second report loads the finished runs instead of training them again.
+    again = clrs_report.run_report(root, ["bellman_ford"], ["deq"], smoke=True, emit=lambda s: None)
+    assert again["rows"][0]["train_seconds"] == report["rows"][0]["train_seconds"]
+    assert again["rows"][0]["val_score"] == pytest.approx(report["rows"][0]["val_score"])

@@ -1,0 +1,113 @@
+"""The CLRS task and its scores (deq_jax.tasks.clrs.task), and the configs end to end."""
+
+import importlib
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.metrics import f1_score
+
+from configs import clrs_common
+from deq_jax import tasks
+from deq_jax.tasks import clrs
+from deq_jax.training import train_and_evaluate, writers
+
+# --- task and metrics -----------------------------------------------------------------
+
+
+def test_pointer_score_known_answers():
+    targets = jnp.array([[0, 1, 2, 3], [1, 1, 1, 1]])
+    perfect = jax.nn.one_hot(targets, 4) * 5.0
+    assert float(clrs.pointer_score(perfect, targets)["score"]) == 1.0
+    partial = perfect.at[0, 0].set(jax.nn.one_hot(1, 4) * 5).at[1, :3].set(jax.nn.one_hot(0, 4) * 5)
+    m = clrs.pointer_score(partial, targets)
+    np.testing.assert_allclose(m["score"], (3 / 4 + 1 / 4) / 2)
+    m = clrs.pointer_score(partial, targets, mask=jnp.array([True, False]))
+    np.testing.assert_allclose(m["score"], 3 / 4)
+    assert float(m["count"]) == 1.0
+
+
+def test_mask_score_is_clrs_f1():
+    truth = jnp.array([[[1, 0], [1, 1]], [[0, 0], [0, 0]]])
+    pred = jnp.array([[[1, 1], [0, 1]], [[0, 0], [0, 0]]])
+    logits = jnp.stack([jnp.zeros(pred.shape), jnp.where(pred > 0, 1.0, -1.0)], -1)
+    m = clrs.mask_score(logits, truth)
+    np.testing.assert_allclose(m["score"], 2 / 3, rtol=1e-6)  # tp 2, fp 1, fn 1
+    np.testing.assert_allclose(m["true_positives"], 1.0)  # per graph
+    empty = clrs.mask_score(logits[1:], truth[1:])  # nothing predicted, nothing true
+    np.testing.assert_allclose(empty["score"], 1.0)
+    rng = np.random.default_rng(0)
+    t, p = rng.random((4, 5, 5)) < 0.3, rng.random((4, 5, 5)) < 0.4
+    logits = jnp.stack([jnp.zeros(p.shape), jnp.where(p, 1.0, -1.0)], -1)
+    ref = f1_score(t.ravel(), p.ravel())
+    np.testing.assert_allclose(
+        clrs.mask_score(logits, jnp.asarray(t, jnp.int32))["score"], ref, 1e-6
+    )
+
+
+def test_task_splits_batches_and_registry():
+    task = tasks.get("clrs", algorithm="dfs", train_size=12, eval_size=4, test_nodes=(9, 12))
+    assert task.eval_splits == ("val", "test_9", "test_12")
+    assert task.input_shape == (16, 16) and task.num_classes == 16
+    assert "hint_color" in task.batch_extras and "lengths" in task.batch_extras
+    train, test = task.source("train"), task.source("test_12")
+    assert train["hint_color"].shape[:2] == (12, int(train["lengths"].max()))
+    assert test["hint_color"].shape == (4, 1, 12, 3) and test["targets"].shape == (4, 12)
+    # Drawn exactly as the sampler's CLRS-30 datasets (seeds 1 and 3).
+    ref = clrs.sample_dataset("dfs", 12, 16, 1)
+    np.testing.assert_array_equal(train["input_A"], ref.inputs["A"])
+    np.testing.assert_array_equal(train["hint_pi_h"], ref.hints["pi_h"])
+    ref = clrs.sample_dataset("dfs", 4, 12, 3)
+    np.testing.assert_array_equal(test["targets"], ref.outputs["pi"])
+    np.testing.assert_array_equal(test["hint_pi_h"], ref.hints["pi_h"][:, :1])
+    assert tasks.get("clrs", algorithm="mst_kruskal").num_classes == 2
+    with pytest.raises(ValueError, match="bellman_ford"):
+        tasks.get("clrs", algorithm="quicksort")
+    with pytest.raises(ValueError, match="test_64"):
+        clrs.ClrsConfig().nodes("test_65")
+
+
+# --- configs end to end ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", clrs.ALGORITHMS)
+def test_configs_are_documented(algorithm):
+    module = importlib.import_module(f"configs.clrs_{algorithm}")
+    assert f"--config configs/clrs_{algorithm}.py --workdir" in module.__doc__
+    assert f"--config configs/clrs_{algorithm}.py:smoke --workdir" in module.__doc__
+    config, smoke = module.get_config(), module.get_config("smoke")
+    assert config.task.algorithm == algorithm and config.model.mode == "deq"
+    assert 64 in config.task.test_nodes and config.task.train_nodes == 16
+    assert smoke.train.steps < config.train.steps and smoke.model.hidden < config.model.hidden
+    with pytest.raises(ValueError, match="smoke"):
+        clrs_common.clrs_config(algorithm, "huge")
+
+
+@pytest.mark.parametrize(
+    "algorithm, mode",
+    [
+        pytest.param("bellman_ford", "deq", marks=pytest.mark.slow),
+        ("bellman_ford", "hint_propagation"),
+        ("bellman_ford", "fixed_steps"),
+        ("mst_kruskal", "deq"),  # the edge-mask output through the training loop
+    ],
+)
+def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
+    config = clrs_common.clrs_config(algorithm, "smoke")
+    config.model.mode = mode
+    if mode == "fixed_steps":
+        config.regularizer.jacobian_weight = 0.0  # no fixed point to regularise
+    result = train_and_evaluate(config, str(tmp_path), emit=lambda s: None)
+    assert result.step == config.train.steps
+    assert str(config.train.steps) in os.listdir(tmp_path / "checkpoints")
+    for metrics in result.report["1x"].values():
+        assert 0.0 <= metrics["score"] <= 1.0 and metrics["nstep_max"] >= 1
+    train = [r for r in writers.read_metrics(str(tmp_path)) if r["split"] == "train"]
+    if mode == "fixed_steps":  # the hint loss enters the optimised loss
+        last = train[-1]
+        assert last["aux_loss"] > 0
+        np.testing.assert_allclose(last["loss"], last["task_loss"] + last["aux_loss"], rtol=1e-5)
+    else:
+        assert all("aux_loss" not in r for r in train)
