@@ -67,6 +67,31 @@ def variant(arg: str | None, valid: tuple[str, ...] = ("smoke",)) -> str:
     return arg
 
 
+def hypersolver(config: ConfigDict, arg: str, **fields) -> ConfigDict:
+    """Turns a trained DEQ's config into its neural-solver config (``*_hypersolver.py``).
+
+    Sets the shared ``neural_solver`` fields (ablations on), then ``fields``; the smoke
+    variant (``arg="smoke"``) shrinks the fit to seconds.
+    """
+    ns = config.neural_solver
+    ns.update(dict(ablations=True, tol=1e-3, max_iter=30, train_steps=300, batch_size=32))
+    ns.update(fields)
+    if arg == "smoke":
+        ns.update(
+            dict(
+                hidden=8,
+                unroll_steps=3,
+                train_steps=4,
+                batch_size=8,
+                target_batches=2,
+                target_max_iter=20,
+                max_target_residual=1.0,
+                max_iter=6,
+            )
+        )
+    return config
+
+
 def get_config() -> ConfigDict:
     """The default configuration (see the module docstring)."""
     config = ConfigDict()

@@ -24,25 +24,7 @@ from configs import default, digits
 def get_config(arg: str | None = None) -> ConfigDict:
     """The digits solver config; ``arg="smoke"`` gives the seconds-long variant."""
     arg = default.variant(arg)
-    config = digits.get_config(arg)
-    ns = config.neural_solver
-    ns.ablations = True
     # Small next to the 7.4K-parameter DEQ: a narrow network, a 1x1 initialiser.
-    ns.hidden = 8
-    ns.init_kernel_size = 1
-    ns.unroll_steps = 10
-    ns.tol = 1e-3
-    ns.max_iter = 30
-    ns.train_steps = 300
-    ns.batch_size = 32
-    ns.target_batches = 8
-    if arg == "smoke":
-        ns.hidden = 8
-        ns.unroll_steps = 3
-        ns.train_steps = 4
-        ns.batch_size = 8
-        ns.target_batches = 2
-        ns.target_max_iter = 20
-        ns.max_target_residual = 1.0
-        ns.max_iter = 6
-    return config
+    return default.hypersolver(
+        digits.get_config(arg), arg, hidden=8, init_kernel_size=1, unroll_steps=10
+    )

@@ -24,25 +24,7 @@ from configs import default, prefix_sum
 def get_config(arg: str | None = None) -> ConfigDict:
     """The prefix-sum solver config; ``arg="smoke"`` gives the seconds-long variant."""
     arg = default.variant(arg)
-    config = prefix_sum.get_config(arg)
-    ns = config.neural_solver
-    ns.ablations = True
     # Small enough to be a few percent of the 23.5K-parameter DEQ.
-    ns.hidden = 8
-    ns.init_hidden = 8
-    ns.unroll_steps = 10
-    ns.tol = 1e-3
-    ns.max_iter = 30
-    ns.train_steps = 300
-    ns.batch_size = 32
-    ns.target_batches = 8
-    if arg == "smoke":
-        ns.hidden = 8
-        ns.unroll_steps = 3
-        ns.train_steps = 4
-        ns.batch_size = 8
-        ns.target_batches = 2
-        ns.target_max_iter = 20
-        ns.max_target_residual = 1.0
-        ns.max_iter = 6
-    return config
+    return default.hypersolver(
+        prefix_sum.get_config(arg), arg, hidden=8, init_hidden=8, unroll_steps=10
+    )
