@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -109,6 +110,31 @@ class NeuralSolverSpec:
             return {"kernel_size": self.init_kernel_size}
         return {}
 
+    def untrained_solver(
+        self, key: jax.Array, state_shape: tuple[int, ...], alpha_mode: str = "learned"
+    ) -> neural_solver:
+        """A fresh `neural_solver` with this section's network and stopping rule."""
+        return init_neural_solver(
+            key,
+            state_shape,
+            m=self.m,
+            hidden=self.hidden,
+            kernel_size=self.kernel_size,
+            pool=self.pool,
+            alpha_mode=alpha_mode,
+            tol=self.tol,
+            max_iter=self.max_iter,
+        )
+
+    def initializer(self, state_shape: tuple[int, ...]) -> nn.Module:
+        """The ``h_phi`` module for this state."""
+        kind = initializer_kind(state_shape)
+        return make_initializer(kind, state_shape[-1], **self.init_options(state_shape))
+
+    def learned_init(self, state_shape: tuple[int, ...], params: Any) -> LearnedInit:
+        """Trained ``h_phi`` variables frozen into a `LearnedInit` for this state."""
+        return learned_init(state_shape, params, **self.init_options(state_shape))
+
     def target_solver(self) -> anderson:
         """The classic solver whose long runs give the fixed points."""
         return anderson(tol=self.target_tol, max_iter=self.target_max_iter)
@@ -188,22 +214,9 @@ def fit(
         solver = start.solver
         init_params = None if start.init is None else start.init.params.tree
     else:
-        solver = init_neural_solver(
-            key,
-            state_shape,
-            m=spec.m,
-            hidden=spec.hidden,
-            kernel_size=spec.kernel_size,
-            pool=spec.pool,
-            alpha_mode=alpha_mode,
-            tol=spec.tol,
-            max_iter=spec.max_iter,
-        )
+        solver = spec.untrained_solver(key, state_shape, alpha_mode)
         init_params = None
-    initializer = None
-    if use_init:
-        options = spec.init_options(state_shape)
-        initializer = make_initializer(initializer_kind(state_shape), state_shape[-1], **options)
+    initializer = spec.initializer(state_shape) if use_init else None
     data = ((t.args, t.x, t.z_star) for t in itertools.cycle(pool))
     schedule = optax.cosine_decay_schedule(spec.learning_rate, num_steps, alpha=0.1)
     began = time.perf_counter()
@@ -223,7 +236,5 @@ def fit(
     )
     jax.block_until_ready(trained.solver.variables)
     seconds = time.perf_counter() - began
-    init = None
-    if initializer is not None:
-        init = learned_init(state_shape, trained.init_params, **spec.init_options(state_shape))
+    init = None if initializer is None else spec.learned_init(state_shape, trained.init_params)
     return SolverFit(trained.solver, init, trained.losses, seconds)

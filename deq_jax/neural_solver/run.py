@@ -33,9 +33,9 @@ import jax
 import numpy as np
 
 from deq_jax.neural_solver.fit import NeuralSolverSpec, SolverFit, collect_targets, fit
-from deq_jax.neural_solver.frozen import FrozenDEQ, initializer_kind, learned_init
-from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
-from deq_jax.neural_solver.solver import init_neural_solver, neural_solver
+from deq_jax.neural_solver.frozen import FrozenDEQ
+from deq_jax.neural_solver.initializer import LearnedInit
+from deq_jax.neural_solver.solver import neural_solver
 
 REPORT_FILE = "neural_solver.json"
 # The variants a run fits: name -> (alpha_mode, with an initialiser).
@@ -239,32 +239,17 @@ def load_hypersolver(
     key = jax.random.PRNGKey(0)
     solvers = {}
     for name, (alpha_mode, use_init) in VARIANTS.items():
-        directory = (
-            workdir if name == "hyper_anderson" else os.path.join(workdir, "ablations", name)
-        )
+        directory = variant_dir(workdir, name)
         if not os.path.isdir(os.path.join(directory, "checkpoints")):
             continue
-        solver = init_neural_solver(
-            key,
-            state_shape,
-            m=spec.m,
-            hidden=spec.hidden,
-            kernel_size=spec.kernel_size,
-            pool=spec.pool,
-            alpha_mode=alpha_mode,
-            tol=spec.tol,
-            max_iter=spec.max_iter,
-        )
+        solver = spec.untrained_solver(key, state_shape, alpha_mode)
         template = {"solver": solver.variables}
         if use_init:
-            options = spec.init_options(state_shape)
-            module = make_initializer(initializer_kind(state_shape), state_shape[-1], **options)
-            template["init"] = module.init(key, np.zeros((1, *report["input_shape"]), np.float32))
+            x = np.zeros((1, *report["input_shape"]), np.float32)
+            template["init"] = spec.initializer(state_shape).init(key, x)
         ckpt = Checkpointer(directory, every_steps=1, keep=1)
         tree, _ = ckpt.restore_or_init(template)
         ckpt.close()
-        init = None
-        if use_init:
-            init = learned_init(state_shape, tree["init"], **spec.init_options(state_shape))
+        init = spec.learned_init(state_shape, tree["init"]) if use_init else None
         solvers[name] = (solver.with_params(tree["solver"]), init)
     return HyperSolverRun(deq, frozen, solvers, report)
