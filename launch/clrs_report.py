@@ -36,7 +36,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from configs.clrs_common import MODES, clrs_config
 from deq_jax.tasks.clrs import ALGORITHMS, f1_from_counts
@@ -112,15 +112,6 @@ def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def train_seconds(workdir: str) -> float | None:
-    """``train_seconds`` of the run's ``length_generalization.json`` (``None`` if absent)."""
-    path = os.path.join(workdir, "length_generalization.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get("train_seconds")
-
-
 def report_row(algorithm: str, mode: str, splits: dict[str, dict], seconds: float | None) -> dict:
     """One table row: scores and steps at 16 and 64 nodes, the goal and the gap."""
     goal = GOALS[algorithm]
@@ -182,6 +173,7 @@ def run_report(
     emit: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG."""
+    from deq_jax.training import evaluate
     from launch import clrs_report_plots as plots
 
     rows = []
@@ -198,7 +190,8 @@ def run_report(
                     dict(algorithm=algorithm, mode=mode, goal=GOALS[algorithm], diverged=str(err))
                 )
                 continue
-            row = report_row(algorithm, mode, evaluate_run(run, config), train_seconds(workdir))
+            seconds = evaluate.read_train_seconds(workdir)
+            row = report_row(algorithm, mode, evaluate_run(run, config), seconds)
             rows.append(row)
             brief = {k: v for k, v in row.items() if k != "splits"}
             emit(f"[{algorithm}/{mode}] {json.dumps(brief)}")
@@ -216,10 +209,8 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    launch_main.reject_arguments(argv)
+    launch_main.quiet_library_logs()
     flag = flags.FLAGS
     for name, given, valid in (
         ("algorithm", flag.algorithms, ALGORITHMS),

@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 
 from launch import main as launch_main
 
@@ -28,8 +28,7 @@ _OUTPUT = flags.DEFINE_string("output", "", "JSON output path (default {workdir}
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    launch_main.reject_arguments(argv)
     from deq_jax.training import evaluate_checkpoint
 
     launch_main.quiet_library_logs()

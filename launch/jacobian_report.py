@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 
 from launch import main as launch_main
 from launch.runs import trained_run
@@ -256,12 +256,10 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    launch_main.reject_arguments(argv)
     from configs import digits, synthetic_1d
 
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    launch_main.quiet_library_logs()
     variant = "smoke" if _SMOKE.value else None
     syn, dig = synthetic_1d.get_config(variant), digits.get_config(variant)
     if not _SMOKE.value:

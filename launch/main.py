@@ -98,8 +98,7 @@ def validate_argv(argv: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    reject_arguments(argv)
     quiet_library_logs()
     config, emit = _CONFIG.value, functools.partial(print, flush=True)
     if config.get("neural_solver", {}).get("deq_workdir", ""):
@@ -110,6 +109,12 @@ def main(argv: Sequence[str]) -> None:
         from deq_jax.training import train_and_evaluate
 
         train_and_evaluate(config, _WORKDIR.value, emit=emit)
+
+
+def reject_arguments(argv: Sequence[str]) -> None:
+    """Raises `absl.app.UsageError` on positional arguments (every option is a flag)."""
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
 
 
 def quiet_library_logs() -> None:

@@ -45,7 +45,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
+from absl import app, flags
 
 from deq_jax import analysis
 from deq_jax.training import NonFiniteLossError
@@ -343,10 +343,8 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    launch_main.reject_arguments(argv)
+    launch_main.quiet_library_logs()
     workdir, flag = launch_main._WORKDIR.value, flags.FLAGS
     for task in flag.tasks:
         if task not in TASKS:

@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from launch import main as launch_main
 
@@ -230,8 +230,7 @@ def _fmt(x: float | None) -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    launch_main.reject_arguments(argv)
     launch_main.quiet_library_logs()
     flag = flags.FLAGS
     run_pareto(

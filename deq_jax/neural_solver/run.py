@@ -115,14 +115,6 @@ def _save(directory: str, step: int, fitted: SolverFit) -> None:
     ckpt.close()
 
 
-def _deq_train_seconds(deq_workdir: str) -> float | None:
-    path = os.path.join(deq_workdir, "length_generalization.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get("train_seconds")
-
-
 def _evaluate(config: Any, deq: Any, frozen: FrozenDEQ, fitted: SolverFit) -> dict:
     """Eval-split metrics with Anderson and with the fitted solver, at ``spec.max_iter``
     (``eval.batch_size`` and ``eval.max_batches`` of the config)."""
@@ -184,7 +176,9 @@ def train_hypersolver(
     main = fits["hyper_anderson"]
     deq_params = _count(deq.state.params)
     solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
-    deq_seconds = _deq_train_seconds(spec.deq_workdir)
+    from deq_jax.training.evaluate import read_train_seconds
+
+    deq_seconds = read_train_seconds(spec.deq_workdir)
     fit_seconds = target_seconds + main.seconds
     report = {
         "deq_workdir": spec.deq_workdir,

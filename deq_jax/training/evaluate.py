@@ -135,6 +135,20 @@ def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> st
     return "\n".join(lines)
 
 
+def headline_keys(metrics: dict[str, Any]) -> list[str]:
+    """The task-metric keys worth printing: accuracies, ``mse`` and ``score``."""
+    return [k for k in metrics if k.endswith("accuracy") or k in ("mse", "score")]
+
+
+def read_train_seconds(workdir: str) -> float | None:
+    """``train_seconds`` of ``{workdir}/length_generalization.json`` (``None`` if absent)."""
+    path = os.path.join(workdir, REPORT_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("train_seconds")
+
+
 def write_report(workdir: str, report: dict, extra: dict | None = None) -> str:
     """Writes ``{"report": report, **extra}`` to ``{workdir}/length_generalization.json``."""
     path = os.path.join(workdir, REPORT_FILE)
@@ -182,7 +196,7 @@ def evaluate_checkpoint(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}
     )
     first = next(iter(next(iter(report.values())).values()))
-    keys = [k for k in first if k.endswith("accuracy") or k in ("mse", "score")]
+    keys = headline_keys(first)
     emit(
         f"Checkpoint step {run.start_step} of {workdir}:\n"
         + format_report(report, keys + ["nstep_mean", "loss"])

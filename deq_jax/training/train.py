@@ -108,7 +108,7 @@ def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
         for split, metrics in by_split.items():
             writer.write(step, f"{split}_{budget}", metrics)
     first = next(iter(next(iter(report.values())).values()))
-    keys = [k for k in first if k.endswith("accuracy") or k in ("mse", "score")] + ["nstep_mean"]
+    keys = evaluate.headline_keys(first) + ["nstep_mean"]
     emit(
         "Per-length accuracy (budget = multiple of the train solver budget):\n"
         + evaluate.format_report(report, keys)
