@@ -32,7 +32,7 @@ from deq_jax.nn.clrs_codec import (
     feedback,
 )
 from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
-from deq_jax.solvers.base import SolverStats
+from deq_jax.solvers.base import REL_EPS, SolverStats
 
 
 def per_sample_norm(x: jax.Array) -> jax.Array:
@@ -59,7 +59,7 @@ def unroll_to_fixed_point(
     """``z <- f(z, args)`` per sample until converged, reverse-differentiable (a scan).
 
     Each sample stops (and is frozen) once its residual ``||f(z) - z||`` (``"abs"``, or
-    that over ``||f(z)|| + 1e-8`` for ``"rel"``) is at most ``tol``, turns non-finite
+    that over ``||f(z)|| + REL_EPS`` for ``"rel"``) is at most ``tol``, turns non-finite
     (diverged; the last finite iterate is kept) or ``max_iter`` evaluations are spent.
     Iterations after every sample stopped are skipped with `jax.lax.cond`.
 
@@ -77,7 +77,7 @@ def unroll_to_fixed_point(
         z, active, nstep, abs_res, rel_res, penalty, diverged = carry
         fz = f(z, args)
         abs_r = per_sample_norm(fz - z)
-        rel_r = abs_r / (per_sample_norm(fz) + 1e-8)
+        rel_r = abs_r / (per_sample_norm(fz) + REL_EPS)
         finite = jnp.isfinite(abs_r) & jnp.isfinite(rel_r)
         moved = active & finite
         z = jnp.where(_rows(moved, z), fz, z)
