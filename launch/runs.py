@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from typing import Any
+
+# Fields a finished run may be loaded under with other values than it was trained with:
+# how long it trained (a longer run resumes), the test splits of its task (every task
+# names them ``test_*``) and how it is evaluated, logged and checkpointed. Everything
+# else (task, model, solver, backward, optimiser, regularisers, interventions) must
+# match, or the report would analyse a model under a config that did not train it.
+LOADABLE_CHANGES = ("train.steps", "train.stop_at_step", "task.test_", "eval.", "log.", "ckpt.")
+
+
+class RunConfigMismatchError(ValueError):
+    """A workdir holds a run trained under another config than the one asked for."""
 
 
 def quiet(line: str) -> None:
@@ -11,14 +24,72 @@ def quiet(line: str) -> None:
     del line
 
 
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _as_json(config: Any) -> dict[str, Any]:
+    """The config as `deq_jax.training.train` writes it to ``config.json``, read back."""
+    if hasattr(config, "to_json_best_effort"):
+        return json.loads(config.to_json_best_effort())
+    return json.loads(json.dumps(dict(config), default=str))
+
+
+def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
+    """``"key: saved -> now"`` for each field of ``config`` that differs from ``saved``.
+
+    Fields in `LOADABLE_CHANGES` are skipped, and so are fields ``saved`` lacks (a run
+    trained before the field existed); a field only ``saved`` has is shown as
+    ``<missing>``.
+    """
+    old, new = _flatten(saved), _flatten(_as_json(config))
+    diffs = []
+    for key in sorted(old):
+        if any(key == f or (f[-1] in "._" and key.startswith(f)) for f in LOADABLE_CHANGES):
+            continue
+        a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
+        if a != b:
+            diffs.append(f"{key}: {a!r} -> {b!r}")
+    return diffs
+
+
+def check_run_config(config: Any, workdir: str) -> None:
+    """Raises `RunConfigMismatchError` if ``workdir``'s ``config.json`` disagrees.
+
+    A workdir without ``config.json`` (nothing trained there yet) passes.
+    """
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    diffs = config_differences(saved, config)
+    if diffs:
+        shown = "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        raise RunConfigMismatchError(
+            f"{workdir} holds a run trained under another config ({shown}). Use a fresh "
+            "workdir, or the config that trained it."
+        )
+
+
 def trained_run(config: Any, workdir: str, emit: Callable[[str], None] = quiet) -> Any:
     """A finished run of ``config`` in ``workdir``: trained unless its checkpoint exists.
 
     Returns:
       The `deq_jax.training.Run` with the final state restored.
+
+    Raises:
+      RunConfigMismatchError: if the workdir's run was trained under another config
+        (beyond `LOADABLE_CHANGES`).
     """
     from deq_jax.training import setup, train_and_evaluate
 
+    check_run_config(config, workdir)
     run = setup(config, workdir)
     run.checkpointer.close()
     if run.start_step < config.train.steps:

@@ -241,12 +241,18 @@ def test_configs_document_their_commands(module):
 
 def test_report_synthetic_core_and_plots(tmp_path):
     config = synthetic_1d.get_config("smoke")
-    section = jacobian_report.synthetic_section(config, str(tmp_path), [1.0], quiet)
+    section = jacobian_report.synthetic_section(config, str(tmp_path), [1.0], quiet, seeds=2)
     for gamma in ("1",):
         got = section[gamma]
         assert np.isfinite(got["mse"]) and got["nstep_mean"] >= 1
         assert len(got["convergence"]) == 30 and got["spectral_radius"]
         assert len(got["surface"]["0"]) == len(section["z_grid"])
+        # Seed 1 is its own run: another initialisation, so another MSE.
+        assert [s["seed"] for s in got["seeds"]] == [0, 1]
+        assert got["seeds"][0]["mse"] == got["mse"] != got["seeds"][1]["mse"]
+        assert got["mse_seed_mean"] == pytest.approx(np.mean([s["mse"] for s in got["seeds"]]))
+    assert os.path.isdir(tmp_path / "synthetic_1d_gamma1_seed1")
+    assert "goal" not in section  # no gamma = 0 run
     # A second call loads the finished runs instead of training again.
     metrics = os.path.join(tmp_path, "synthetic_1d_gamma1", "metrics.jsonl")
     mtime = os.path.getmtime(metrics)
@@ -256,6 +262,34 @@ def test_report_synthetic_core_and_plots(tmp_path):
     assert os.path.getsize(png) > 0
     png = jacobian_plots.plot_surface({"synthetic_1d": section}, str(tmp_path / "s.png"))
     assert os.path.getsize(png) > 0
+    png = jacobian_plots.plot_seeds({"synthetic_1d": section}, str(tmp_path / "seeds.png"))
+    assert os.path.getsize(png) > 0
+
+
+def test_synthetic_goal_on_seed_means():
+    def entry(mses, steps):
+        seeds = [
+            dict(seed=i, mse=m, nstep_mean=n)
+            for i, (m, n) in enumerate(zip(mses, steps, strict=True))
+        ]
+        return dict(seeds=seeds, **jacobian_report.seed_statistics(seeds))
+
+    # The third unregularised seed diverged: the medians ignore it, a mean would not.
+    section = {
+        "0": entry([0.01, 0.03, 5e6], [8.0, 12.0, 60.0]),
+        "4": entry([0.012, 0.02, 0.01], [4.0, 3.0, 3.5]),
+    }
+    goal = jacobian_report.synthetic_goal(section, [0.0, 4.0])
+    assert goal["steps_ratio"] == pytest.approx(3.5 / 12.0)
+    assert goal["mse_ratio"] == pytest.approx(0.012 / 0.03)
+    assert goal["met"] and goal["seeds"] == 3
+    assert goal["steps_ratio_per_seed"] == pytest.approx([0.5, 0.25, 3.5 / 60])
+    assert section["0"]["nstep_mean_seed_mean"] == pytest.approx(80.0 / 3)
+    assert section["4"]["mse_seed_std"] == pytest.approx(np.std([0.012, 0.02, 0.01]))
+    section["4"]["seeds"][0]["mse"] = section["4"]["seeds"][1]["mse"] = 0.1
+    section["4"].update(jacobian_report.seed_statistics(section["4"]["seeds"]))
+    assert not jacobian_report.synthetic_goal(section, [0.0, 4.0])["met"]  # 0.1 > 1.1 x 0.03
+    assert jacobian_report.synthetic_goal(section, [4.0]) is None
 
 
 def test_best_gamma():
@@ -284,5 +318,6 @@ def test_full_report_on_smoke_settings(tmp_path):
     assert report["step_time"]["digits_gamma1"]["ratio"] > 0
     with open(tmp_path / jacobian_report.REPORT_FILE) as f:
         assert set(json.load(f)) == {"synthetic_1d", "digits", "step_time"}
-    for name in ("synthetic_surface", "synthetic_convergence", "digits_budget", "spectral_radius"):
+    names = ("synthetic_surface", "synthetic_convergence", "synthetic_seeds", "digits_budget")
+    for name in (*names, "spectral_radius"):
         assert os.path.getsize(tmp_path / f"{name}.png") > 0

@@ -1,0 +1,57 @@
+"""launch.runs: a report loads a finished run only under the config that trained it."""
+
+import json
+import os
+
+import pytest
+
+from configs import clrs_bellman_ford, prefix_sum, synthetic_1d
+from deq_jax.training import train
+from launch import runs
+
+
+@pytest.mark.parametrize("module", [prefix_sum, synthetic_1d, clrs_bellman_ford])
+def test_saved_config_round_trips_without_differences(tmp_path, module):
+    config = module.get_config()
+    train._write_config(config, str(tmp_path))  # what a training run leaves behind
+    runs.check_run_config(config, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        assert runs.config_differences(json.load(f), config) == []
+
+
+def test_model_changes_are_named_and_length_changes_allowed(tmp_path):
+    config = prefix_sum.get_config()
+    train._write_config(config, str(tmp_path))
+    longer = prefix_sum.get_config()
+    longer.train.steps *= 2
+    longer.eval.every_steps = 7
+    longer.ckpt.keep = 9
+    longer.task.test_lengths = (32, 64, 128)
+    runs.check_run_config(longer, str(tmp_path))
+
+    other = prefix_sum.get_config()
+    other.model.norm = ""
+    other.solver.name = "fixed_point_iteration"
+    with open(tmp_path / "config.json") as f:
+        diffs = runs.config_differences(json.load(f), other)
+    assert diffs == [
+        "model.norm: 'layer' -> ''",
+        "solver.name: 'anderson' -> 'fixed_point_iteration'",
+    ]
+    with pytest.raises(runs.RunConfigMismatchError, match="model.norm: 'layer' -> ''"):
+        runs.trained_run(other, str(tmp_path))
+
+
+def test_fresh_workdir_passes(tmp_path):
+    runs.check_run_config(prefix_sum.get_config(), str(tmp_path / "new"))
+    assert not os.path.exists(tmp_path / "new")
+
+
+def test_fields_newer_than_the_run_are_not_compared(tmp_path):
+    config = prefix_sum.get_config()
+    train._write_config(config, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        saved = json.load(f)
+    del saved["regularizer"]  # a run from before the regulariser existed
+    saved["model"]["retired_field"] = 1
+    assert runs.config_differences(saved, config) == ["model.retired_field: 1 -> '<missing>'"]
