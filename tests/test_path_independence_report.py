@@ -26,8 +26,8 @@ def test_task_config_applies_overrides():
     assert config.model.z_init == "zeros" and config.backward.name == "unrolled"
     assert config.solver.name == "fixed_point_iteration"
     assert tuple(config.task.test_lengths) == (32, 64, 128)
-    assert config.model.train_max_iter == 15 and config.model.norm == ""
-    assert report._budgets(config) == [8, 15, 30, 60, 120]
+    assert config.model.train_max_iter == 8 and config.model.norm == ""
+    assert report._budgets(config) == [4, 8, 16, 32, 64]
 
 
 def _fake_report():
