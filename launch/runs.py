@@ -33,13 +33,6 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def _as_json(config: Any) -> dict[str, Any]:
-    """The config as `deq_jax.training.train` writes it to ``config.json``, read back."""
-    if hasattr(config, "to_json_best_effort"):
-        return json.loads(config.to_json_best_effort())
-    return json.loads(json.dumps(dict(config), default=str))
-
-
 def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
     """``"key: saved -> now"`` for each field of ``config`` that differs from ``saved``.
 
@@ -47,12 +40,15 @@ def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
     trained before the field existed); a field only ``saved`` has is shown as
     ``<missing>``.
     """
-    old, new = _flatten(saved), _flatten(_as_json(config))
+    from deq_jax.training.train import config_json
+
+    # Through the same JSON as the saved file, so tuples compare equal to its lists.
+    old, new = _flatten(saved), _flatten(json.loads(config_json(config)))
     diffs = []
     for key in sorted(old):
         if any(key == f or (f[-1] in "._" and key.startswith(f)) for f in LOADABLE_CHANGES):
             continue
-        a, b = old.get(key, "<missing>"), new.get(key, "<missing>")
+        a, b = old[key], new.get(key, "<missing>")
         if a != b:
             diffs.append(f"{key}: {a!r} -> {b!r}")
     return diffs
@@ -63,7 +59,9 @@ def check_run_config(config: Any, workdir: str) -> None:
 
     A workdir without ``config.json`` (nothing trained there yet) passes.
     """
-    path = os.path.join(workdir, "config.json")
+    from deq_jax.training.train import CONFIG_FILE
+
+    path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
         return
     with open(path) as f:

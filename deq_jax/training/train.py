@@ -83,13 +83,20 @@ def _mean_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+# The config a run was trained under, written into its workdir at every start.
+CONFIG_FILE = "config.json"
+
+
+def config_json(config: Any) -> str:
+    """``config`` as the JSON text of a run's `CONFIG_FILE` (tuples become lists)."""
+    if hasattr(config, "to_json_best_effort"):
+        return config.to_json_best_effort(indent=2)
+    return json.dumps(dict(config), indent=2, default=str)
+
+
 def _write_config(config: Any, workdir: str) -> None:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-        f.write(
-            config.to_json_best_effort(indent=2)
-            if hasattr(config, "to_json_best_effort")
-            else json.dumps(dict(config), indent=2, default=str)
-        )
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+        f.write(config_json(config))
 
 
 def _budgets(config: Any) -> dict[str, int]:
