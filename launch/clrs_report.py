@@ -22,6 +22,7 @@ Usage::
 
     python -m launch.clrs_report --workdir /tmp/clrs_report \\
         [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
+        [--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn]
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -42,7 +43,7 @@ from configs.clrs_common import MODES, clrs_config
 from deq_jax.tasks.clrs import ALGORITHMS, f1_from_counts
 from deq_jax.training import NonFiniteLossError
 from launch import main as launch_main
-from launch.runs import quiet, trained_run
+from launch.runs import apply_overrides, quiet, trained_run
 
 REPORT = "clrs_report"
 # Test score at 64 nodes of the DEQ column of Xhonneux et al. (2024), in percent.
@@ -63,10 +64,24 @@ def define_flags() -> None:
     flags.DEFINE_list("modes", list(MODES), "Modes: deq, hint_propagation, fixed_steps.")
     flags.DEFINE_integer("steps", 0, "Train steps of every run (0: the config's).")
     flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+    flags.DEFINE_multi_string(
+        "set",
+        [],
+        "key=value config override for every run (repeatable), e.g. "
+        "--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn. Use a "
+        "workdir of its own: a workdir's runs are only loaded under the config that trained them.",
+    )
 
 
-def run_config(algorithm: str, mode: str, steps: int = 0, smoke: bool = False) -> Any:
-    """The config of one run: the algorithm's config in ``mode``, ``steps`` if set.
+def run_config(
+    algorithm: str,
+    mode: str,
+    steps: int = 0,
+    smoke: bool = False,
+    overrides: Sequence[str] = (),
+) -> Any:
+    """The config of one run: the algorithm's config in ``mode``, ``steps`` if set, then
+    the ``key=value`` ``overrides`` (`launch.runs.apply_overrides`).
 
     ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
     regularise; CLRS's baseline has none).
@@ -78,7 +93,7 @@ def run_config(algorithm: str, mode: str, steps: int = 0, smoke: bool = False) -
     if steps:
         config.train.steps = steps
         config.train.warmup_steps = min(config.train.warmup_steps, steps // 10)
-    return config
+    return apply_overrides(config, overrides)
 
 
 def split_nodes(config: Any, split: str) -> int:
@@ -170,6 +185,7 @@ def run_report(
     *,
     steps: int = 0,
     smoke: bool = False,
+    overrides: Sequence[str] = (),
     emit: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG."""
@@ -179,7 +195,7 @@ def run_report(
     rows = []
     for algorithm in algorithms:
         for mode in modes:
-            config = run_config(algorithm, mode, steps, smoke)
+            config = run_config(algorithm, mode, steps, smoke, overrides)
             workdir = os.path.join(root, algorithm, mode)
             emit(f"[{algorithm}/{mode}] training or loading in {workdir}")
             try:
@@ -196,7 +212,9 @@ def run_report(
             brief = {k: v for k, v in row.items() if k != "splits"}
             emit(f"[{algorithm}/{mode}] {json.dumps(brief)}")
     os.makedirs(root, exist_ok=True)
-    report = dict(rows=rows, goals=GOALS, target=TARGET, steps=steps, smoke=smoke)
+    report = dict(
+        rows=rows, goals=GOALS, target=TARGET, steps=steps, smoke=smoke, overrides=list(overrides)
+    )
     paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md", "png")}
     report["figure"] = plots.write_figure(rows, paths["png"])
     with open(paths["md"], "w") as f:
@@ -225,6 +243,7 @@ def main(argv: Sequence[str]) -> None:
         flag.modes,
         steps=flag.steps,
         smoke=flag.smoke,
+        overrides=flag.set,
         emit=lambda line: print(line, flush=True),
     )
 

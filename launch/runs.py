@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # Fields a finished run may be loaded under with other values than it was trained with:
@@ -73,6 +74,35 @@ def check_run_config(config: Any, workdir: str) -> None:
             f"{workdir} holds a run trained under another config ({shown}). Use a fresh "
             "workdir, or the config that trained it."
         )
+
+
+def apply_overrides(config: Any, items: Sequence[str]) -> Any:
+    """Sets ``key=value`` fields of ``config`` in place (``model.hidden=128``) and returns it.
+
+    Values are Python literals (``0.1``, ``True``, ``(16, 64)``); anything else is a
+    string (``model.processor=triplet_mpnn``). The config's field types still apply.
+
+    Raises:
+      ValueError: for an item without ``=``.
+      launch.main.UnknownOverrideError: for a key that names no field of ``config``.
+    """
+    from launch.main import check_overrides
+
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"Override {item!r} is not of the form key=value.")
+        check_overrides(config, [key])
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        *sections, name = key.split(".")
+        node = config
+        for part in sections:
+            node = node[part]
+        node[name] = value
+    return config
 
 
 def trained_run(config: Any, workdir: str, emit: Callable[[str], None] = quiet) -> Any:

@@ -18,6 +18,10 @@ def test_run_config_and_scores():
     kruskal = dict(score=0.1, true_positives=2.0, false_positives=1.0, false_negatives=1.0)
     assert clrs_report.split_score(kruskal) == pytest.approx(2 / 3)
     assert clrs_report.split_score(dict(score=0.25)) == 0.25
+    varied = clrs_report.run_config(
+        "bfs", "deq", smoke=True, overrides=["regularizer.jacobian_weight=0.1"]
+    )
+    assert varied.regularizer.jacobian_weight == 0.1 and varied.model.mode == "deq"
 
 
 def test_rows_table_and_figure(tmp_path):

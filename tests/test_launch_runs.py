@@ -55,3 +55,29 @@ def test_fields_newer_than_the_run_are_not_compared(tmp_path):
     del saved["regularizer"]  # a run from before the regulariser existed
     saved["model"]["retired_field"] = 1
     assert runs.config_differences(saved, config) == ["model.retired_field: 1 -> '<missing>'"]
+
+
+def test_apply_overrides_sets_typed_fields_and_rejects_unknown_keys():
+    from launch.main import UnknownOverrideError
+
+    config = runs.apply_overrides(
+        clrs_bellman_ford.get_config(),
+        [
+            "regularizer.jacobian_weight=0.1",
+            "model.processor=triplet_mpnn",
+            "model.min_update=True",
+            "task.test_nodes=(32, 128)",
+            "model.hidden=128",
+        ],
+    )
+    assert config.regularizer.jacobian_weight == 0.1
+    assert config.model.processor == "triplet_mpnn"
+    assert config.model.min_update is True
+    assert tuple(config.task.test_nodes) == (32, 128)
+    assert config.model.hidden == 128
+    with pytest.raises(UnknownOverrideError, match="hiden"):
+        runs.apply_overrides(config, ["model.hiden=3"])
+    with pytest.raises(ValueError, match="key=value"):
+        runs.apply_overrides(config, ["model.hidden"])
+    with pytest.raises(TypeError):  # the config's field types still apply
+        runs.apply_overrides(config, ["model.hidden=wide"])
