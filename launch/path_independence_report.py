@@ -222,6 +222,7 @@ def analyse_run(
         aa=aa[target]["aa"],
         accuracy=at_target[metric],
         attacked_aa=float(attack.aa),
+        attacked_diverged=float(np.mean(np.asarray(attack.diverged))),
         attacked_accuracy=_attacked_metric(attacked_out, b["targets"], regression),
         split=target,
         max_iter=top,

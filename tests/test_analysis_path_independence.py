@@ -113,6 +113,29 @@ def test_adversary_finds_other_fixed_points_of_a_multistable_map():
     np.testing.assert_allclose(f(result.fixed_points, x), result.fixed_points, atol=1e-5)
 
 
+def test_adversary_counts_a_blown_up_solve_as_unaligned():
+    """z = 1 + (z - 1)^2 is superstable at 1 (the reference start) and blows up from
+    any start with |z - 1| > 1: those attacks score 0, never NaN. The 8 unrolled steps
+    overflow too, so the L-BFGS search yields non-finite starts, which fall back to
+    the random ones."""
+    f = lambda z, _: 1.0 + jnp.square(z - 1.0)
+    result = adversarial_aa(
+        f,
+        jnp.ones((3, 4)),
+        None,
+        solver=dj.solvers.fixed_point_iteration(max_iter=40, tol=1e-6),
+        key=jax.random.PRNGKey(8),
+        steps=8,
+        restarts=2,
+        lbfgs_iters=3,
+        init_scale=3.0,
+    )
+    assert np.all(np.asarray(result.diverged))
+    np.testing.assert_array_equal(result.per_instance, 0.0)
+    assert float(result.aa) == 0.0
+    assert np.all(np.isfinite(np.asarray(jax.tree_util.tree_leaves(result.starts)[0])))
+
+
 def test_adversary_rejects_bad_budgets():
     with pytest.raises(ValueError, match="restarts must be an integer >= 1"):
         adversarial_aa(

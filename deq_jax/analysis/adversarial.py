@@ -39,12 +39,29 @@ class AttackResult(NamedTuple):
         fixed point reached from the worst start found for each sample.
       fixed_points: the attacked fixed points (like ``z0``), for attacked predictions.
       starts: the worst starts found (like ``z0``).
+      diverged: ``[B]`` bool: the solve from the worst start blew up (the solver met a
+        non-finite residual); its ``per_instance`` entry is then 0: nothing aligned.
     """
 
     aa: jax.Array
     per_instance: jax.Array
     fixed_points: Any
     starts: Any
+    diverged: jax.Array
+
+
+def _finite_per_sample(tree: Any) -> jax.Array:
+    """``[B]`` bool: every value of the sample is finite, over all leaves."""
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jnp.all(
+        jnp.stack([jnp.isfinite(x.reshape(x.shape[0], -1)).all(axis=1) for x in leaves]), axis=0
+    )
+
+
+def _per_sample_where(keep: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``keep`` (``[B]``), else ``old``, leaf by leaf."""
+    pick = lambda a, b: jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+    return jax.tree_util.tree_map(pick, new, old)
 
 
 def unrolled_run(f: Callable[[Any, Any], Any], z0: Any, args: Any, steps: int) -> Any:
@@ -80,13 +97,16 @@ def adversarial_aa(
 
     Returns:
       An `AttackResult`; ``per_instance`` is at most the AA score from any single start.
+      A start from which the solve blows up (the solver reports ``diverged``) is the
+      strongest attack and scores 0 for its sample; a search that itself blows up (a
+      non-finite start) falls back to its random start, so the score is never NaN.
     """
     for name, value in (("steps", steps), ("restarts", restarts), ("lbfgs_iters", lbfgs_iters)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
     args = jax.lax.stop_gradient(args)
-    solve = lambda start: fixed_point(f, start, args, solver=solver, backward=jacobian_free()).value
-    reference = solve(z0)
+    solve = lambda start: fixed_point(f, start, args, solver=solver, backward=jacobian_free())
+    reference = solve(z0).value
 
     def objective(start):
         return jnp.sum(per_sample_cosine(unrolled_run(f, start, args, steps), reference))
@@ -111,21 +131,23 @@ def adversarial_aa(
     leaves, treedef = jax.tree_util.tree_flatten(z0)
     worst_cos = jnp.full((leaves[0].shape[0],), jnp.inf, leaves[0].dtype)
     worst_fp, worst_start = reference, z0
+    worst_diverged = jnp.zeros(worst_cos.shape, bool)
     for restart_key in jax.random.split(key, restarts):
         keys = jax.random.split(restart_key, len(leaves))
         noise = [
             init_scale * jax.random.normal(k, x.shape, x.dtype)
             for k, x in zip(keys, leaves, strict=True)
         ]
-        start = jax.tree_util.tree_unflatten(treedef, noise)
-        start = optimise(start)
-        attacked = solve(start)
-        cos = per_sample_cosine(attacked, reference)
+        random_start = jax.tree_util.tree_unflatten(treedef, noise)
+        optimised = optimise(random_start)
+        start = _per_sample_where(_finite_per_sample(optimised), optimised, random_start)
+        solution = solve(start)
+        attacked = solution.value
+        diverged = solution.stats.diverged | ~_finite_per_sample(attacked)
+        cos = jnp.where(diverged, 0.0, per_sample_cosine(attacked, reference))
         worse = cos < worst_cos
-        pick = lambda new, old, worse=worse: jnp.where(
-            worse.reshape((-1,) + (1,) * (new.ndim - 1)), new, old
-        )
-        worst_fp = jax.tree_util.tree_map(pick, attacked, worst_fp)
-        worst_start = jax.tree_util.tree_map(pick, start, worst_start)
+        worst_fp = _per_sample_where(worse, attacked, worst_fp)
+        worst_start = _per_sample_where(worse, start, worst_start)
+        worst_diverged = jnp.where(worse, diverged, worst_diverged)
         worst_cos = jnp.minimum(cos, worst_cos)
-    return AttackResult(jnp.mean(worst_cos), worst_cos, worst_fp, worst_start)
+    return AttackResult(jnp.mean(worst_cos), worst_cos, worst_fp, worst_start, worst_diverged)
