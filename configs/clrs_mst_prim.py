@@ -1,8 +1,10 @@
 """CLRS-30 mst_prim (Prim's minimum spanning tree): trained on 16-node graphs, tested on 64.
 
-The shared setup is `configs.clrs_common` (task, model, sizes, the three modes). The
-score is the parent-pointer accuracy; the DEQ column of Xhonneux et al. (2024)
-reports 75.2% at 64 nodes. Run it with::
+The shared setup is `configs.clrs_common` (task, model, sizes, the three modes); the
+processor is the Triplet-GMPNN (64.0% at 64 nodes after 2,000 steps in deq mode, against
+49.6% with the GMPNN; ``--config.model.processor=gmpnn`` for the latter). The score is
+the parent-pointer accuracy; the DEQ column of Xhonneux et al. (2024) reports 75.2% at
+64 nodes. Run it with::
 
     python -m launch.main --config configs/clrs_mst_prim.py --workdir /tmp/clrs_mst_prim
 

@@ -81,6 +81,8 @@ def test_configs_are_documented(algorithm):
     assert config.task.algorithm == algorithm and config.model.mode == "deq"
     assert 64 in config.task.test_nodes and config.task.train_nodes == 16
     assert smoke.train.steps < config.train.steps and smoke.model.hidden < config.model.hidden
+    # MST-Prim's processor is the Triplet-GMPNN (64.0 vs 49.6 at 64 nodes), the rest GMPNN.
+    assert config.model.processor == ("triplet_mpnn" if algorithm == "mst_prim" else "gmpnn")
     with pytest.raises(ValueError, match="smoke"):
         clrs_common.clrs_config(algorithm, "huge")
 
