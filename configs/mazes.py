@@ -1,16 +1,21 @@
 """Mazes: train a path-independent 2-D convolutional DEQ on 9x9, test on larger mazes.
 
-A 3x3 input projection, a `Conv2DCell` with input injection and per-pixel layer norm,
-and a three-convolution per-pixel readout (`deq_jax.nn.maze_model.MazeDEQ`), trained
-with mixed initialisation (half the batch starts from zeros, half from noise) and
-Jacobian-free gradients. The final report gives pixel and whole-maze accuracy on 9x9
-to 13x13 mazes at 1x, 2x and 4x the train solver budget. About 28 minutes on a shared
-2-core CPU; measured whole-maze accuracy at 1x / 2x / 4x: 9x9 0.405 / 0.665 / 0.685,
-11x11 0.040 / 0.260 / 0.330, 13x13 0.015 / 0.055 / 0.100 (a small budget: far from
-the paper's >= 95% on 13x13, which needs a wider cell trained much longer). Run it
-with::
+`deq_jax.nn.maze_model.MazeDEQ` with its grid stem: the framed, 2x upscaled image is
+folded back onto the maze grid (2x2 blocks into channels), a 3x3 projection is
+injected into a `Conv2DCell` (two residual blocks, per-position layer norm) at every
+iteration, and a three-convolution readout marks the path per grid point, unfolded
+back onto the pixels. Trained with mixed initialisation (half the batch starts from
+zeros, half from noise), Anderson forward and Jacobian-free gradients, 4,000 steps of
+32 mazes; the final report gives pixel and whole-maze accuracy on 9x9 to 13x13 mazes at
+1x, 2x and 4x the train budget of 30 iterations (measured figures in BUILD_NOTES.md,
+"Path independence"). About 50 minutes on a shared 2-core CPU. Run it with::
 
     python -m launch.main --config configs/mazes.py --workdir /tmp/mazes
+
+and evaluate the trained model on larger mazes with more iterations::
+
+    python -m launch.evaluate --config configs/mazes.py --workdir /tmp/mazes \\
+        --config.task.test_maze_sizes="(13,15,19,25,33)" --max_iters=30,60,120,240
 
 The smoke variant (a tiny model on 5x5 mazes, a few steps, still writing checkpoints,
 metrics and TensorBoard events; under a minute, mostly compilation)::
@@ -44,14 +49,16 @@ def get_config(arg: str | None = None) -> ConfigDict:
             test_size=200,
         )
     )
-    # Mixed initialisation makes the fixed point path independent, per-pixel layer
-    # norm keeps the map size-agnostic and convergent, and Jacobian-free gradients
-    # make a step about three times cheaper than IFT.
+    # Mixed initialisation makes the fixed point path independent, per-position layer
+    # norm keeps the map size-agnostic and convergent, Jacobian-free gradients make a
+    # step about three times cheaper than IFT, and the grid stem moves information
+    # twice as far per convolution at a quarter of the cost (pixels: 68.5% of 9x9 and
+    # 10% of 13x13 mazes after 2,000 steps; see BUILD_NOTES.md).
     config.model = ConfigDict(
         dict(
             name="maze_deq",
-            width=24,
-            num_blocks=1,
+            width=32,
+            num_blocks=2,
             kernel_size=3,
             num_classes=2,
             norm="layer",
@@ -59,22 +66,23 @@ def get_config(arg: str | None = None) -> ConfigDict:
             weight_norm=False,
             dropout_rate=0.0,
             z_init="mixed",
-            train_max_iter=20,
-            eval_max_iter=40,
+            train_max_iter=30,
+            eval_max_iter=60,
+            stem="grid",
         )
     )
     config.backward.name = "jacobian_free"
-    config.train.steps = 2_000
-    config.train.batch_size = 16
+    config.train.steps = 4_000
+    config.train.batch_size = 32
     config.train.learning_rate = 2e-3
-    config.train.warmup_steps = 50
+    config.train.warmup_steps = 100
     config.eval.every_steps = 500
     config.eval.batch_size = 100
     config.eval.splits = ("test_9", "test_13")
     config.eval.max_batches = 1
     config.eval.budget_multipliers = (1, 2, 4)
     config.ckpt.every_steps = 500
-    config.log.every_steps = 25
+    config.log.every_steps = 50
     if arg == "smoke":
         config.task.train_size = 64
         config.task.train_maze_size = 5

@@ -65,6 +65,43 @@ def test_shapes_and_parameter_count_on_two_maze_sizes():
         chex.assert_tree_all_finite(logits)
 
 
+def test_grid_stem_runs_the_deq_on_the_maze_grid():
+    model = _model(stem="grid")
+    x5, _ = _images(5, 2)
+    variables = jax.jit(lambda k, x: model.init(k, x, train=False))(jax.random.key(0), x5)
+    plain = jax.eval_shape(lambda k: _model().init(k, x5, train=False), jax.random.key(0))
+    # only the projection differs: it reads 2x2 blocks of 3 colours, 12 channels
+    assert _count(variables["params"]) - _count(plain["params"]) == 9 * (12 - 3) * WIDTH
+    apply = jax.jit(lambda v, x: model.apply(v, x, train=False))
+    for size in (5, 9):
+        x, _ = _images(size, 3)
+        grid = size + 2  # 2n + 1 grid points a side, n = (size + 1) / 2 cells
+        chex.assert_shape(model.to_cell_grid(x), (3, grid, grid, 12))
+        logits, _ = apply(variables, x)
+        chex.assert_shape(logits, (3, image_size(size), image_size(size), 2))
+        chex.assert_tree_all_finite(logits)
+
+
+def test_grid_stem_folds_blocks_and_unfolds_onto_them_exactly():
+    model = _model(stem="grid")
+    x, y = _images(7, 4)  # [4, 20, 20, 3], targets [4, 20, 20]
+    grid = model.to_cell_grid(x)  # [4, 9, 9, 12]: the four pixels of each block
+    for block in range(4):
+        r, c = divmod(block, 2)
+        pixels = x[:, 1 + r : -1 : 2, 1 + c : -1 : 2]  # pixel (r, c) of every block
+        np.testing.assert_array_equal(grid[..., 3 * block : 3 * block + 3], pixels)
+    on_grid = jnp.asarray(y)[:, 1:-1:2, 1:-1:2, None]  # [4, 9, 9, 1]
+    np.testing.assert_array_equal(model.from_cell_grid(on_grid)[..., 0], y)  # frame included
+
+
+def test_grid_stem_rejects_images_that_are_not_a_framed_upscale_and_unknown_stems():
+    model = _model(stem="grid")
+    with pytest.raises(ValueError, match="2 g \\+ 2"):
+        model.to_cell_grid(jnp.zeros((1, 23, 23, 3)))
+    with pytest.raises(ValueError, match="stem must be one of"):
+        _model(stem="patches")
+
+
 def test_layer_norm_adds_scale_and_bias_per_convolution():
     x, _ = _images(5, 2)
     shapes = lambda model: jax.eval_shape(
@@ -135,6 +172,7 @@ def test_config_sections_and_commands():
     assert full.task.name == "mazes" and full.model.name == "maze_deq"
     assert full.task.train_maze_size == 9 and 13 in full.task.test_maze_sizes
     assert full.model.z_init == "mixed" and full.backward.name == "jacobian_free"
+    assert full.model.stem == "grid" and smoke.model.stem == "grid"
     assert smoke.train.steps < full.train.steps and smoke.model.width < full.model.width
     assert smoke.ckpt.every_steps <= smoke.train.steps
     assert "python -m launch.main --config configs/mazes.py --workdir" in maze_config.__doc__

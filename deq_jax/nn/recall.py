@@ -36,6 +36,8 @@ class RecallDEQ(nn.Module):
     Subclasses set ``cell_type`` (a `deq_jax.nn.cells` convolutional cell, whose
     ``spatial_dims`` fixes the input rank) and ``input_layout`` (how the error message
     names the expected input, e.g. ``"inputs [B, L, C]"``); the attributes are theirs.
+    A subclass whose input carries a known pixel format may run the DEQ on a coarser
+    grid by overriding `to_cell_grid` and `from_cell_grid` (`MazeDEQ`'s ``stem="grid"``).
     """
 
     cell_type: ClassVar[type[nn.Module]]
@@ -72,6 +74,7 @@ class RecallDEQ(nn.Module):
             raise ValueError(
                 f"{type(self).__name__} expects {self.input_layout}, got shape {x.shape}."
             )
+        x = self.to_cell_grid(x)  # [B, *grid, C']
         window = (self.kernel_size,) * spatial_dims
         conv = lambda features, name: nn.Conv(
             features, window, padding="SAME", use_bias=False, name=name
@@ -90,4 +93,13 @@ class RecallDEQ(nn.Module):
         z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, *sp, width]
         h = nn.relu(conv(self.width, "head_0")(z))  # [B, *spatial, width]
         h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))  # [B, *spatial, width // 2]
-        return conv(self.num_classes, "head_out")(h), stats  # [B, *spatial, num_classes]
+        logits = conv(self.num_classes, "head_out")(h)  # [B, *grid, num_classes]
+        return self.from_cell_grid(logits), stats  # [B, *spatial, num_classes]
+
+    def to_cell_grid(self, x: jax.Array) -> jax.Array:
+        """The input on the grid the DEQ runs on; the identity unless a subclass has a stem."""
+        return x
+
+    def from_cell_grid(self, logits: jax.Array) -> jax.Array:
+        """Per-grid-point logits back on the input's positions; undoes `to_cell_grid`."""
+        return logits
