@@ -22,7 +22,7 @@ Jacobian weight ``gamma`` and writes ``{workdir}/jacobian_report.json`` and PNG 
 Usage::
 
     python -m launch.jacobian_report --workdir /tmp/jacobian_report \\
-        --gammas=0,1,2,4 --digits_gammas=0,1,2,5 --synthetic_steps=20000 --digits_steps=1000 \\
+        --gammas=0,1,2,4 --digits_gammas=0,1,2,5 --synthetic_steps=80000 --digits_steps=1000 \\
         --synthetic_seeds=3
 
 References:
@@ -50,7 +50,7 @@ _GAMMAS = flags.DEFINE_list("gammas", ["0", "1", "2", "4"], "Jacobian weights, s
 _DIGITS_GAMMAS = flags.DEFINE_list(
     "digits_gammas", ["0", "1", "2", "5"], "Jacobian weights, digits."
 )
-_SYN_STEPS = flags.DEFINE_integer("synthetic_steps", 20_000, "Train steps per synthetic run.")
+_SYN_STEPS = flags.DEFINE_integer("synthetic_steps", 80_000, "Train steps per synthetic run.")
 _SYN_SEEDS = flags.DEFINE_integer(
     "synthetic_seeds", 1, "Seeds (train.seed 0..N-1) per gamma of the synthetic runs."
 )
