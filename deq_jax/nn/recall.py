@@ -79,7 +79,7 @@ class RecallDEQ(nn.Module):
         conv = lambda features, name: nn.Conv(
             features, window, padding="SAME", use_bias=False, name=name
         )
-        u = nn.relu(conv(self.width, "project")(x))  # [B, *spatial, width]
+        u = nn.relu(conv(self.width, "project")(x))  # [B, *grid, width]
         cell = self.cell_type(
             self.width,
             num_blocks=self.num_blocks,
@@ -90,9 +90,9 @@ class RecallDEQ(nn.Module):
             dropout_rate=self.dropout_rate,
             name="cell",
         )
-        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, *sp, width]
-        h = nn.relu(conv(self.width, "head_0")(z))  # [B, *spatial, width]
-        h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))  # [B, *spatial, width // 2]
+        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, *grid, width]
+        h = nn.relu(conv(self.width, "head_0")(z))  # [B, *grid, width]
+        h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))  # [B, *grid, width // 2]
         logits = conv(self.num_classes, "head_out")(h)  # [B, *grid, num_classes]
         return self.from_cell_grid(logits), stats  # [B, *spatial, num_classes]
 
