@@ -99,9 +99,10 @@ class MazeDEQ(RecallDEQ):
                 f'MazeDEQ(stem="grid") expects a 2x upscaled grid in a 1-pixel frame '
                 f"(H, W = 2 g + 2, even and >= 4), got images of {h}x{w}."
             )
+        gh, gw = (h - 2) // 2, (w - 2) // 2
         inner = x[:, 1:-1, 1:-1]  # [B, 2 gh, 2 gw, C]: 2x2 blocks of one grid point
-        blocks = inner.reshape(b, (h - 2) // 2, 2, (w - 2) // 2, 2, c)
-        return blocks.transpose(0, 1, 3, 2, 4, 5).reshape(b, (h - 2) // 2, (w - 2) // 2, 4 * c)
+        blocks = inner.reshape(b, gh, 2, gw, 2, c)
+        return blocks.transpose(0, 1, 3, 2, 4, 5).reshape(b, gh, gw, 4 * c)
 
     def from_cell_grid(self, logits: jax.Array) -> jax.Array:
         """``[B, gh, gw, K]`` -> ``[B, 2 gh + 2, 2 gw + 2, K]``: each grid point on its 2x2
