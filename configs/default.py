@@ -202,6 +202,7 @@ def get_config() -> ConfigDict:
             hidden=32,
             kernel_size=3,
             pool="mean",
+            anderson_tail=False,
             init_hidden=0,
             init_kernel_size=3,
             tol=1e-3,

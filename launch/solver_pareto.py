@@ -2,8 +2,9 @@
 
 For the DEQ and the solvers that ``launch.main`` trained with a ``*_hypersolver``
 config, sweeps the iteration budget of every solver -- Anderson, Broyden, fixed-point
-iteration, the neural solver, and the ablations (no initialiser, initialiser only with
-Anderson, least-squares alpha with learned beta) -- and measures on the same eval
+iteration, the neural solver, the neural solver handing over to Anderson after its
+trained ``K`` steps, and the ablations (no initialiser, initialiser only with Anderson,
+least-squares alpha with learned beta) -- and measures on the same eval
 batches: the wall time per batch (median over ``--repeats`` timed calls after
 compilation, the solvers interleaved so they share the machine's load), the relative
 residual and the task metric. Every solve runs its whole budget (``tol=1e-30``). Writes
@@ -51,7 +52,12 @@ def define_flags() -> None:
 
 
 def solver_lineup(hyper: Any) -> dict[str, tuple[Any, Any]]:
-    """``{name: (solver, z_init)}``: the classic solvers from zero, the neural ones."""
+    """``{name: (solver, z_init)}``: the classic solvers from zero, the neural ones.
+
+    Besides the fitted variants: ``init_only`` (the trained initialiser with Anderson)
+    and, for a solver fitted without ``anderson_tail``, ``hyper_anderson_tail`` (the
+    same solver handing over to Anderson after the ``K`` steps it was trained on).
+    """
     from deq_jax import solvers
 
     lineup = {
@@ -61,7 +67,10 @@ def solver_lineup(hyper: Any) -> dict[str, tuple[Any, Any]]:
     }
     for name, (solver, init) in hyper.solvers.items():
         lineup[name] = (solver, init or "zeros")
-    main_init = hyper.solvers["hyper_anderson"][1]
+    main, main_init = hyper.solvers["hyper_anderson"]
+    if main.anderson_after is None:  # also the hand-over to Anderson past the trained K
+        unroll = int(hyper.report["spec"]["unroll_steps"])
+        lineup["hyper_anderson_tail"] = (main.replace(anderson_after=unroll), main_init or "zeros")
     if main_init is not None:
         lineup["init_only"] = (solvers.anderson(m=5), main_init)
     return lineup

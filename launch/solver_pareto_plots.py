@@ -23,6 +23,7 @@ _STYLES = {
     "broyden": ("tab:orange", "-"),
     "fixed_point_iteration": ("tab:gray", "-"),
     "hyper_anderson": ("tab:red", "-"),
+    "hyper_anderson_tail": ("tab:brown", "-."),
     "no_init": ("tab:red", ":"),
     "ls_alpha": ("tab:purple", "--"),
     "init_only": ("tab:green", "--"),

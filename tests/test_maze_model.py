@@ -1,5 +1,5 @@
 """The maze DEQ: shapes on two maze sizes, mixed initialisation, gradients, bad input,
-and the smoke maze config end to end."""
+and the smoke maze config end to end (with a neural solver fitted to it)."""
 
 import json
 import os
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from configs import mazes as maze_config
+from configs import mazes_hypersolver
 from deq_jax import backward, solvers
+from deq_jax.neural_solver.run import train_hypersolver
 from deq_jax.nn import models
 from deq_jax.nn.maze_model import MazeDEQ
 from deq_jax.tasks.mazes import MazeConfig, image_size, load
@@ -203,3 +205,15 @@ def test_smoke_config_runs_end_to_end(tmp_path):
             assert 0 <= metrics["maze_accuracy"] <= metrics["pixel_accuracy"] <= 1
             assert metrics["count"] == config.task.test_size
     assert any("Per-length accuracy" in line for line in lines)
+    # The neural solver fits the trained maze model: an image state on the cell grid.
+    hyper = mazes_hypersolver.get_config("smoke")
+    hyper.task.data_dir = config.task.data_dir
+    hyper.neural_solver.update(dict(deq_workdir=workdir, ablations=False))
+    run = train_hypersolver(hyper, str(tmp_path / "solver"), emit=lines.append)
+    grid = config.task.train_maze_size + 2  # the (2n + 1)-point grid of an n-cell maze
+    assert run.report["state_shape"] == [grid, grid, config.model.width]
+    assert run.report["param_fraction"] > 0 and set(run.solvers) == {"hyper_anderson"}
+    assert (
+        mazes_hypersolver.get_config().neural_solver.max_iter
+        == maze_config.get_config().model.eval_max_iter
+    )

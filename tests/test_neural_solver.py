@@ -171,6 +171,49 @@ def test_solver_is_hashable_by_content_and_validates():
         dj.fixed_point(lambda z, _: jnp.cos(z), jnp.zeros((2, D + 1)), solver=a)
 
 
+def test_anderson_after_zero_is_anderson():
+    # From the first step on, the hand-over takes Anderson's alpha with beta = 1, so the
+    # iterates are those of Anderson with the same history size (m + 1 = 6 slots).
+    key = jax.random.PRNGKey(3)
+    w = 0.9 * jax.random.orthogonal(key, D)
+    f = lambda z, b: jnp.tanh(z @ w + b)
+    bias = jax.random.normal(jax.random.PRNGKey(4), (B, D))
+    hyper = ns.init_neural_solver(key, (D,), m=5, anderson_after=0, tol=1e-30, max_iter=9)
+    classic = dj.solvers.anderson(m=6, tol=1e-30, max_iter=9)
+    z0 = jnp.zeros((B, D))
+    got = _solve(f, z0, bias, hyper)
+    want = _solve(f, z0, bias, classic)
+    np.testing.assert_allclose(got.stats.trace, want.stats.trace, rtol=1e-3)
+    np.testing.assert_allclose(got.value, want.value, atol=1e-5)
+
+
+def test_anderson_after_switches_at_its_step():
+    # Before the switch the learned (here: untrained, uniform, beta = 1/2) steps run;
+    # the residual trace agrees with the learned solver up to the switch and not after.
+    key = jax.random.PRNGKey(5)
+    w = 0.9 * jax.random.orthogonal(key, D)
+    f = lambda z, b: jnp.tanh(z @ w + b)
+    bias = jax.random.normal(jax.random.PRNGKey(6), (B, D))
+    learned = ns.init_neural_solver(key, (D,), tol=1e-30, max_iter=12)
+    handed = learned.replace(anderson_after=4)
+    z0 = jnp.zeros((B, D))
+    a = _solve(f, z0, bias, learned).stats.trace
+    b = _solve(f, z0, bias, handed).stats.trace
+    np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-5)
+    assert float(jnp.mean(b[:, -1])) < 0.1 * float(jnp.mean(a[:, -1]))
+    # Unrolled past the switch for training, the learned steps still get gradients.
+    z_star = _solve(f, z0, bias, dj.solvers.anderson(tol=1e-7, max_iter=100)).value
+    loss = lambda p: ns.neural_solver_loss(
+        {"solver": p, "init": None}, handed, None, f, bias, None, z_star, steps=8
+    )[0]
+    grads = jax.grad(loss)(handed.variables)
+    norms = [float(jnp.linalg.norm(g)) for g in jax.tree_util.tree_leaves(grads)]
+    assert all(np.isfinite(norms)) and max(norms) > 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="anderson_after"):
+            learned.replace(anderson_after=bad)
+
+
 @pytest.mark.parametrize(
     "state_shape, pool", [((5, 3), "last"), ((5, 3), "mean"), ((4, 4, 2), "mean")]
 )

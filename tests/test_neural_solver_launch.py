@@ -175,6 +175,13 @@ def test_hypersolver_run_checkpoints_and_reloads(hypersolver_run):
     assert solver == run.solvers["hyper_anderson"][0] and init == run.solvers["hyper_anderson"][1]
     assert loaded.solvers["no_init"][1] is None
     assert loaded.solvers["ls_alpha"][0].alpha_mode == "least_squares"
+    assert solver.anderson_after is None  # anderson_tail is off by default
+
+
+def test_spec_anderson_tail_hands_over_after_the_trained_k():
+    section = dict(digits_hypersolver.get_config().neural_solver.to_dict(), anderson_tail=True)
+    tailed = NeuralSolverSpec.from_config(section).untrained_solver(jax.random.PRNGKey(0), (4,))
+    assert tailed.anderson_after == section["unroll_steps"] == 10
 
 
 def test_hypersolver_without_checkpoint_says_what_to_do(tmp_path):
@@ -196,6 +203,7 @@ def test_solver_pareto_writes_curves_and_summary(hypersolver_run):
         "broyden",
         "fixed_point_iteration",
         "hyper_anderson",
+        "hyper_anderson_tail",
         "init_only",
         "no_init",
         "ls_alpha",

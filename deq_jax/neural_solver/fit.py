@@ -42,6 +42,8 @@ class NeuralSolverSpec:
       deq_workdir: the trained DEQ's workdir; non-empty makes ``launch.main`` train a
         solver for it instead of training a DEQ.
       m, hidden, kernel_size, pool: the `neural_solver` network.
+      anderson_tail: past the ``unroll_steps`` it was trained on, the solver hands over
+        to plain Anderson on its history (`neural_solver`'s ``anderson_after``).
       init_hidden: channels of a sequence initialiser's convolution (0: the state's).
       init_kernel_size: the initialiser's convolution width (sequences and images).
       tol, max_iter: the trained solver's stopping tolerance and default budget.
@@ -67,6 +69,7 @@ class NeuralSolverSpec:
     hidden: int = 32
     kernel_size: int = 3
     pool: str = "mean"
+    anderson_tail: bool = False
     init_hidden: int = 0
     init_kernel_size: int = 3
     tol: float = 1e-3
@@ -122,6 +125,7 @@ class NeuralSolverSpec:
             kernel_size=self.kernel_size,
             pool=self.pool,
             alpha_mode=alpha_mode,
+            anderson_after=self.unroll_steps if self.anderson_tail else None,
             tol=self.tol,
             max_iter=self.max_iter,
         )

@@ -53,6 +53,7 @@ class HyperAndersonState(NamedTuple):
     gs: jax.Array  # [B, n, D] past residuals g_i, ring order
     feats: jax.Array  # [B, n, C] pooled residuals, oldest first (newest at n - 1)
     norms: jax.Array  # [B, n] ||g_i||, oldest first
+    gram: jax.Array  # [B, n, n] <g_i, g_j> in ring order (kept only when least squares run)
 
 
 class HyperAndersonStep(NamedTuple):
@@ -208,6 +209,7 @@ def hyper_anderson_init(z0: jax.Array, m: int, channels: int) -> HyperAndersonSt
         gs=jnp.zeros((b, n, d), z0.dtype),
         feats=jnp.zeros((b, n, channels), z0.dtype),
         norms=jnp.zeros((b, n), z0.dtype),
+        gram=jnp.zeros((b, n, n), z0.dtype),
     )
 
 
@@ -221,6 +223,7 @@ def hyper_anderson_step(
     state_shape: tuple[int, ...],
     pool: str,
     alpha_mode: str = "learned",
+    anderson_after: int | None = None,
 ) -> HyperAndersonStep:
     """Books ``(z, f(z))`` (the ``k``-th evaluation, ``k >= 1``) and proposes the next iterate.
 
@@ -234,6 +237,8 @@ def hyper_anderson_step(
       pool: ``"mean"`` or ``"last"``.
       alpha_mode: ``"learned"`` (the network's alpha) or ``"least_squares"`` (Anderson's
         ``argmin ||G alpha||`` with ``sum alpha = 1``; the network's beta is kept).
+      anderson_after: from evaluation ``k > anderson_after`` on, take plain Anderson
+        steps (least-squares alpha, ``beta = 1``) on the same history; ``None`` never.
 
     Returns:
       A `HyperAndersonStep`.
@@ -247,19 +252,35 @@ def hyper_anderson_step(
     feats = jnp.concatenate([state.feats[:, 1:], pooled[:, None]], axis=1)
     norms = jnp.concatenate([state.norms[:, 1:], jnp.linalg.norm(g, axis=-1)[:, None]], axis=1)
     valid = jnp.arange(n) >= n - jnp.minimum(k, n)  # [n], oldest first
-    a, beta = net.apply(params, history_features(feats, norms, valid), valid)
-    if alpha_mode == "least_squares":
+    gram = state.gram
+    if alpha_mode == "least_squares" or anderson_after is not None:
+        row = jnp.einsum("bmd,bd->bm", gs, g)  # one new row and column per step
+        gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=1)
+        gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=2)
+
+    def least_squares_alpha() -> jax.Array:
         ring_valid = jnp.arange(n) < jnp.minimum(k, n)  # slots written so far
-        gram = jnp.einsum("bmd,bnd->bmn", gs, gs)
-        alpha = anderson_weights(gram, ring_valid, _LS_RIDGE).astype(z.dtype)
-    else:
+        return anderson_weights(gram, ring_valid, _LS_RIDGE).astype(z.dtype)
+
+    def learned(_) -> tuple[jax.Array, jax.Array]:
+        a, beta = net.apply(params, history_features(feats, norms, valid), valid)
+        if alpha_mode == "least_squares":
+            return least_squares_alpha(), beta.astype(z.dtype)
         alpha_chron = normalize_alpha(a.astype(z.dtype), valid)
         # Ring slot r holds the chronological position (r - slot - 1) % n.
         alpha = jnp.take(alpha_chron, (jnp.arange(n) - slot - 1) % n, axis=1)
-    beta = beta.astype(z.dtype)
+        return alpha, beta.astype(z.dtype)
+
+    def anderson_tail(_) -> tuple[jax.Array, jax.Array]:
+        return least_squares_alpha(), jnp.ones((z.shape[0],), z.dtype)
+
+    if anderson_after is None:
+        alpha, beta = learned(None)
+    else:  # one branch runs: the tail skips the network, the learned steps the Gram
+        alpha, beta = jax.lax.cond(k > anderson_after, anderson_tail, learned, None)
     return HyperAndersonStep(
         z_next=hyper_anderson_update(fs, gs, alpha, beta),
-        state=HyperAndersonState(fs, gs, feats, norms),
+        state=HyperAndersonState(fs, gs, feats, norms, gram),
         alpha=alpha,
         beta=beta,
         mixed_residual=jnp.einsum("bm,bmd->bd", alpha, gs),

@@ -64,6 +64,11 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         the non-channel axes) or ``"last"`` (the last token of a sequence).
       alpha_mode: ``"learned"`` (HyperAnderson) or ``"least_squares"`` (Anderson's
         alpha with the network's beta, an ablation).
+      anderson_after: hand over to plain Anderson (least-squares alpha on the same
+        history, ``beta = 1``) after this many learned steps, e.g. the ``K`` the
+        network was trained on: the learned steps cut the early residual, Anderson
+        keeps its fast convergence in the tail, where the network was never trained.
+        ``None`` (default): learned steps throughout.
       tol, max_iter, stop_mode: see `Solver`.
 
     References:
@@ -77,6 +82,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
     kernel_size: int = 3
     pool: str = "mean"
     alpha_mode: str = "learned"
+    anderson_after: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -122,7 +128,16 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
     def step(self, params, aux, z, fz, k):
         """The full `HyperAndersonStep` with explicit (possibly traced) ``params``."""
         return hyper_anderson_step(
-            self.net, params, aux, z, fz, k, self.state_shape, self.pool, self.alpha_mode
+            self.net,
+            params,
+            aux,
+            z,
+            fz,
+            k,
+            self.state_shape,
+            self.pool,
+            self.alpha_mode,
+            self.anderson_after,
         )
 
 
@@ -141,6 +156,9 @@ def _check_hyper(hyper: Any) -> tuple[int, ...]:
         raise ValueError(
             f"alpha_mode must be one of {', '.join(ALPHA_MODES)}, got {hyper.alpha_mode!r}."
         )
+    after = hyper.anderson_after
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+        raise ValueError(f"anderson_after must be None or an integer >= 0, got {after!r}.")
     if hyper.pool == "last" and len(shape) != 2:
         raise ValueError(f"pool='last' needs a sequence state (L, C), got {shape}.")
     return shape
@@ -181,7 +199,8 @@ def init_neural_solver(key: jax.Array, state_shape: tuple[int, ...], **hyper: An
       key: PRNG key of the network's initialisation.
       state_shape: the per-sample state shape, channels last.
       **hyper: the other `neural_solver` fields (``m``, ``hidden``, ``kernel_size``,
-        ``pool``, ``alpha_mode``, ``tol``, ``max_iter``, ``stop_mode``).
+        ``pool``, ``alpha_mode``, ``anderson_after``, ``tol``, ``max_iter``,
+        ``stop_mode``).
 
     Returns:
       A `neural_solver` with freshly initialised weights.
