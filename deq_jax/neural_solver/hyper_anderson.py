@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.solvers.anderson import anderson_weights
+from deq_jax.solvers.anderson import anderson_weights, update_gram
 
 POOLS = ("mean", "last")
 
@@ -254,9 +254,7 @@ def hyper_anderson_step(
     valid = jnp.arange(n) >= n - jnp.minimum(k, n)  # [n], oldest first
     gram = state.gram
     if alpha_mode == "least_squares" or anderson_after is not None:
-        row = jnp.einsum("bmd,bd->bm", gs, g)  # one new row and column per step
-        gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=1)
-        gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=2)
+        gram = update_gram(gram, gs, g, slot)
 
     def least_squares_alpha() -> jax.Array:
         ring_valid = jnp.arange(n) < jnp.minimum(k, n)  # slots written so far

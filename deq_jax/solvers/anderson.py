@@ -27,6 +27,16 @@ class AndersonState(NamedTuple):
     gram: jax.Array  # [B, m, m] <g_i, g_j>, updated one row per step
 
 
+def update_gram(gram: jax.Array, gs: jax.Array, g: jax.Array, slot: jax.Array) -> jax.Array:
+    """The Gram matrix ``[B, m, m]`` once residual ``g [B, D]`` is in ring slot ``slot`` of ``gs``.
+
+    Only row and column ``slot`` change: ``m D`` work per step instead of ``m^2 D``.
+    """
+    row = jnp.einsum("bmd,bd->bm", gs, g)  # [B, m]
+    gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=1)
+    return jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=2)
+
+
 def anderson_weights(gram: jax.Array, valid: jax.Array, lam: float) -> jax.Array:
     """Mixing weights ``alpha [B, m]`` minimising ``||sum_i alpha_i g_i||`` with sum 1.
 
@@ -102,9 +112,7 @@ class anderson(Solver):  # noqa: N801 - registry name is the constructor name
         g = fz - z
         fs = jax.lax.dynamic_update_index_in_dim(aux.fs, fz, slot, axis=1)
         gs = jax.lax.dynamic_update_index_in_dim(aux.gs, g, slot, axis=1)
-        row = jnp.einsum("bmd,bd->bm", gs, g)  # [B, m]
-        gram = jax.lax.dynamic_update_index_in_dim(aux.gram, row, slot, axis=1)
-        gram = jax.lax.dynamic_update_index_in_dim(gram, row, slot, axis=2)
+        gram = update_gram(aux.gram, gs, g, slot)
         valid = jnp.arange(self.m) < jnp.minimum(k, self.m)
         alpha = anderson_weights(gram, valid, self.lam)
         return anderson_step(fs, gs, alpha, self.beta), AndersonState(fs, gs, gram)
