@@ -38,5 +38,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         learning_rate=5e-3,
     )
     if not arg:
-        config.neural_solver.max_iter = 60
+        config.neural_solver.max_iter = config.model.eval_max_iter
     return config
