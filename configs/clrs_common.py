@@ -3,7 +3,9 @@
 One CLRS-30 algorithm (`deq_jax.tasks.clrs.ClrsTask`: train on 1000 graphs of 16
 nodes, validate on 32 of 16, test on 32 of 32 and 64 nodes) and the encode-process-
 decode model `deq_jax.nn.clrs_model.ClrsModel` (``clrs_deq``) with a gated MPNN
-processor (CLRS's GMPNN; MST-Prim's uses the Triplet-GMPNN, see `PROCESSORS`).
+processor (CLRS's GMPNN; the MSTs use the Triplet-GMPNN, see `PROCESSORS`, Kruskal's
+decoding its edge latents, see `EDGE_LATENTS`; Prim trains with randomised positions,
+see `RANDOM_POS`).
 ``model.mode`` picks how the processor runs:
 
 * ``deq`` (default): the fixed point from Anderson acceleration with implicit (IFT)
@@ -12,7 +14,8 @@ processor (CLRS's GMPNN; MST-Prim's uses the Triplet-GMPNN, see `PROCESSORS`).
   through time;
 * ``fixed_steps``: the algorithm's true number of steps with hint supervision (CLRS's
   baseline). It has no fixed point to regularise: add
-  ``--config.regularizer.jacobian_weight=0``.
+  ``--config.regularizer.jacobian_weight=0`` (and, for MST-Kruskal, whose output decoder
+  reads the fixed point's edge latents, ``--config.model.decode_edge_latents=False``).
 
 Stability: the Jacobian regulariser (weight 1, every step; 0.1 for MST-Kruskal, see
 `JACOBIAN_WEIGHTS`) is on. Without it the processor drifts during training to maps the
@@ -20,7 +23,9 @@ solver no longer converges on (Bellman-Ford, 600 steps: relative residual 0.7 af
 Anderson steps, train accuracy falling from 0.89 to 0.85); with it 99% of the training
 graphs converge in about 12 steps.
 
-Options of the CLRS DEQ study: ``model.min_update``, ``model.softmin_tau``,
+Options of the CLRS DEQ study and of CLRS's models: ``model.random_pos`` (Ibarz et al.'s
+randomised position input in training), ``model.decode_edge_latents`` (the output
+decoder reads the Triplet-GMPNN's edge latents), ``model.min_update``, ``model.softmin_tau``,
 ``model.step_penalty``, ``model.gumbel_hints`` (``fixed_steps``), ``model.processor``
 (``mpnn``, ``gmpnn``, ``triplet_mpnn``: Triplet-GMPNN, about twice the cost) and the
 Jacobian regulariser (``regularizer.*``).
@@ -52,9 +57,21 @@ BUDGETS = {
 }
 MODES = ("deq", "hint_propagation", "fixed_steps")
 # Processors other than the gated MPNN. Prim's deq mode at 2,000 steps: 64.0% at 64
-# nodes with the Triplet-GMPNN against 49.6% with the GMPNN (1.4x the training time);
-# for Kruskal it gave 72.9 against 71.3 at 1.5x the time, so the GMPNN stays there.
-PROCESSORS = {"mst_prim": "triplet_mpnn"}
+# nodes with the Triplet-GMPNN against 49.6% with the GMPNN (1.4x the training time).
+# Kruskal's: 82.1% with the Triplet-GMPNN decoding from its edge latents (`EDGE_LATENTS`)
+# against 74.9% with the GMPNN (2.8x the time); without the edge latents the triplets
+# gave 74.6.
+PROCESSORS = {"mst_prim": "triplet_mpnn", "mst_kruskal": "triplet_mpnn"}
+# Algorithms whose output decoder reads the triplet edge latents at the fixed point
+# (``model.decode_edge_latents``, as CLRS's Triplet-GMPNN decoders): Kruskal's edge-mask
+# output is a pair property (an edge is in the tree unless a path of lighter edges joins
+# its ends). Prim's deq mode gained nothing from it (60.4 against 64.0, one seed each).
+# ``fixed_steps`` runs without (`ClrsModel` rejects it there).
+EDGE_LATENTS = ("mst_kruskal",)
+# Algorithms trained with randomised positions (``model.random_pos``, CLRS's default in
+# training): Prim's deq mode at 2,000 steps gave 66.9% at 64 nodes against 64.0 (one
+# seed each); Kruskal's scores did not move (82.1 both).
+RANDOM_POS = ("mst_prim",)
 # Jacobian regulariser weights other than 1. Kruskal's deq mode at 2,000 steps: 74.9% at
 # 64 nodes with 0.1 against 71.3% with 1, where its processor stopped after 4 steps on
 # every graph (now ~10).
@@ -101,6 +118,8 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             teacher_forcing=0.0,
             gumbel_hints=False,
             gumbel_tau=1.0,
+            decode_edge_latents=algorithm in EDGE_LATENTS,
+            random_pos=algorithm in RANDOM_POS,
             z_init="zeros",
             train_max_iter=train_budget,
             eval_max_iter=eval_budget,

@@ -6,9 +6,12 @@ reports 82.3% at 64 nodes. Run it with::
 
     python -m launch.main --config configs/clrs_mst_kruskal.py --workdir /tmp/clrs_mst_kruskal
 
-Other modes: ``--config.model.mode=hint_propagation`` (iterate to the fixed point,
-backprop through time) or ``--config.model.mode=fixed_steps
---config.regularizer.jacobian_weight=0`` (the true number of steps with hint
+The processor is the Triplet-GMPNN, and the output decoder reads its edge latents at
+the fixed point (``model.decode_edge_latents``, as CLRS's Triplet-GMPNN decoders), with
+Jacobian weight 0.1 (see `configs.clrs_common`). Other modes:
+``--config.model.mode=hint_propagation`` (iterate to the fixed point, backprop through
+time) or ``--config.model.mode=fixed_steps --config.regularizer.jacobian_weight=0
+--config.model.decode_edge_latents=False`` (the true number of steps with hint
 supervision, CLRS's baseline). The smoke variant (a tiny model on tiny graphs, a few
 steps; seconds)::
 

@@ -234,10 +234,22 @@ def test_registered_and_model_shapes():
     np.testing.assert_array_equal(logits[..., 0], 0.0)
 
 
-@pytest.mark.parametrize("mode", ["deq", "fixed_steps"])
-def test_model_is_permutation_equivariant(mode):
+@pytest.mark.parametrize(
+    "mode, options",
+    [
+        ("deq", {}),
+        ("fixed_steps", {}),
+        # Plain iteration: Anderson is equivariant too, but this random triplet cell does
+        # not converge in 12 steps and rounding then moves its iterates apart.
+        (
+            "hint_propagation",
+            dict(processor="triplet_mpnn", triplet_features=4, decode_edge_latents=True),
+        ),
+    ],
+)
+def test_model_is_permutation_equivariant(mode, options):
     task, adj, _, extras = task_batch(split="val")
-    model = clrs_model(mode=mode, eval_max_iter=12)
+    model = clrs_model(mode=mode, eval_max_iter=12, **options)
     variables = init(model)
     perm = jnp.array([4, 2, 0, 5, 1, 3])
     logits, _ = model.apply(variables, adj, train=False, **extras)
@@ -264,13 +276,21 @@ def test_model_is_permutation_equivariant(mode):
         ("bellman_ford", "fixed_steps", "mpnn"),
         # Long hint runs through triplets: once 0 / 0 = NaN in `jnp.max`'s derivative.
         ("mst_kruskal", "fixed_steps", "triplet_mpnn"),
+        ("mst_kruskal", "hint_propagation", "triplet_mpnn+edges"),
+        ("mst_prim", "deq", "triplet_mpnn+edges"),
         pytest.param("dfs", "deq", "mpnn", marks=pytest.mark.slow),
     ],
 )
 def test_every_mode_has_finite_gradients(algorithm, mode, processor):
     _, adj, targets, extras = task_batch(algorithm)
+    processor, _, edges = processor.partition("+")
     model = clrs_model(
-        algorithm, mode=mode, processor=processor, triplet_features=4, step_penalty=0.1
+        algorithm,
+        mode=mode,
+        processor=processor,
+        triplet_features=4,
+        step_penalty=0.1,
+        decode_edge_latents=bool(edges),
     )
     variables = init(model)
 
@@ -316,6 +336,49 @@ def test_options_sow_the_losses_they_should():
     penalised = clrs_model(mode="hint_propagation", step_penalty=0.5)
     penalty = sown_aux(penalised, variables, adj, extras)[0]
     assert penalty.shape == (8,) and np.all(penalty > 0)
+
+
+def test_decode_edge_latents_feeds_the_triplet_latents_to_the_output_decoder():
+    _, adj, _, extras = task_batch("mst_kruskal")
+    kw = dict(processor="triplet_mpnn", triplet_features=4)
+    plain, decoding = (
+        clrs_model("mst_kruskal", **kw),
+        clrs_model("mst_kruskal", decode_edge_latents=True, **kw),
+    )
+    variables = init(decoding)
+    edge_kernel = variables["params"]["output_decoder"]["decode_in_mst_edge"]["kernel"]
+    assert edge_kernel.shape == (2 * H, 1)  # input edge embedding + triplet latent
+    assert init(plain)["params"]["output_decoder"]["decode_in_mst_edge"]["kernel"].shape == (H, 1)
+    # The latents' half of the kernel is what the output depends on through them.
+    zeroed = jax.tree_util.tree_map(lambda v: v, variables)
+    zeroed["params"]["output_decoder"]["decode_in_mst_edge"]["kernel"] = edge_kernel.at[H:].set(0)
+    run = lambda v: decoding.apply(v, adj, train=False, **extras)[0]
+    assert not np.allclose(run(variables), run(zeroed))
+    with pytest.raises(ValueError, match="triplet"):
+        clrs_model(decode_edge_latents=True)
+    with pytest.raises(ValueError, match="fixed_steps"):
+        clrs_model(mode="fixed_steps", decode_edge_latents=True, **kw)
+    x, z = processor_inputs()
+    cell = MPNN(hidden=H)
+    with pytest.raises(ValueError, match="no triplet edge latents"):
+        cell.init(KEY, z, x, return_edges=True)
+
+
+def test_random_pos_draws_sorted_positions_in_training_only():
+    _, adj, _, extras = task_batch()
+    plain, randomised = clrs_model(mode="deq"), clrs_model(mode="deq", random_pos=True)
+    variables = init(plain)  # the option changes no parameter
+    pos = randomised.apply(
+        variables, extras["input_pos"], method=ClrsModel._random_positions, rngs=RNGS
+    )
+    chex.assert_shape(pos, extras["input_pos"].shape)
+    assert np.all(np.diff(pos, axis=-1) >= 0) and np.all((pos >= 0) & (pos < 1))
+    assert not np.allclose(pos, extras["input_pos"])
+    run = lambda model, train: model.apply(variables, adj, train=train, rngs=RNGS, **extras)[0]
+    np.testing.assert_array_equal(run(plain, False), run(randomised, False))
+    assert not np.allclose(run(plain, True), run(randomised, True))
+    with pytest.raises(ValueError, match="dropout"):
+        randomised.apply(variables, adj, train=True, rngs={"z0": KEY}, **extras)
 
 
 def test_jacobian_terms_per_mode():

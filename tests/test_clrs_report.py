@@ -12,6 +12,9 @@ def test_run_config_and_scores():
     config = clrs_report.run_config("bfs", "fixed_steps", steps=50, smoke=True)
     assert config.model.mode == "fixed_steps" and config.train.steps == 50
     assert config.train.warmup_steps <= 5
+    kruskal = clrs_report.run_config("mst_kruskal", "fixed_steps", smoke=True)
+    assert not kruskal.model.decode_edge_latents and kruskal.regularizer.jacobian_weight == 0
+    assert clrs_report.run_config("mst_kruskal", "deq", smoke=True).model.decode_edge_latents
     assert clrs_report.split_nodes(config, "val") == config.task.train_nodes
     assert clrs_report.split_nodes(config, "test_64") == 64
     # Kruskal's F1 comes from the combined counts: tp 2, fp 1, fn 1 -> 2/3.

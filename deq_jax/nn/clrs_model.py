@@ -20,10 +20,14 @@ the processor runs:
 Options of the study: ``min_update`` and ``softmin_tau`` (the cell's update rule, see
 `deq_jax.nn.clrs_processors.min_update`), ``step_penalty`` (adds ``w sum_t ||z_{t+1} -
 z_t||^2`` per example; in ``"deq"`` mode, where no trajectory is differentiated, the
-residual ``w ||P(z*) - z*||^2`` at the fixed point) and ``gumbel_hints`` (fed-back
+residual ``w ||P(z*) - z*||^2`` at the fixed point), ``gumbel_hints`` (fed-back
 categorical hints as straight-through Gumbel-softmax samples in training, one-hot
-argmaxes in evaluation). Hint and step losses are sown per example as ``"aux_loss"``
-into ``"intermediates"``, which the train step adds to the task loss.
+argmaxes in evaluation) and ``random_pos`` (Ibarz et al.'s randomised position scalar:
+in training the ``pos`` input, ``i / n``, is replaced by ``n`` sorted uniform draws per
+graph, so node order is kept but the model cannot key on spacings of ``1 / n`` it will
+not see on larger graphs; evaluation keeps ``i / n``). Hint and step losses are sown
+per example as ``"aux_loss"`` into ``"intermediates"``, which the train step adds to
+the task loss.
 
 Call: ``model.apply(variables, adjacency [B, n, n], train=..., lengths=int32 [B],
 input_<name>=..., hint_<name>=[B, T, ...], **deq_options) -> (outputs, stats)``:
@@ -91,6 +95,11 @@ class ClrsModel(nn.Module):
         instead of the predicted one in ``fixed_steps`` training.
       gumbel_hints: feed back categorical hints as straight-through Gumbel samples.
       gumbel_tau: the Gumbel-softmax temperature.
+      decode_edge_latents: decode the output from the input edge embeddings and the
+        triplet edge latents of one more processor step at the final state (CLRS's
+        Triplet-GMPNN decoders; ``processor="triplet_mpnn"``, not in ``fixed_steps``).
+      random_pos: in training, replace the ``pos`` input by sorted uniform draws (from
+        the ``"dropout"`` rng stream).
       solver: the forward solver (``"deq"``; its ``tol`` and ``stop_mode`` also stop
         ``"hint_propagation"``).
       backward: the backward mode (``"deq"``).
@@ -117,6 +126,8 @@ class ClrsModel(nn.Module):
     teacher_forcing: float = 0.0
     gumbel_hints: bool = False
     gumbel_tau: float = 1.0
+    decode_edge_latents: bool = False
+    random_pos: bool = False
     solver: Solver = anderson()
     backward: Backward = ift()
     z_init: str = "zeros"
@@ -137,6 +148,14 @@ class ClrsModel(nn.Module):
             )
         if self.step_penalty < 0 or self.hint_loss_weight < 0 or self.gumbel_tau <= 0:
             raise ValueError("step_penalty and hint_loss_weight must be >= 0, gumbel_tau > 0.")
+        if self.decode_edge_latents and (
+            self.processor != "triplet_mpnn" or self.mode == "fixed_steps"
+        ):
+            raise ValueError(
+                "decode_edge_latents needs processor='triplet_mpnn' (the only one with edge "
+                f"latents) and mode 'deq' or 'hint_propagation'; got {self.processor!r}, "
+                f"{self.mode!r}."
+            )
         if not 0.0 <= self.teacher_forcing <= 1.0:
             raise ValueError(f"teacher_forcing must lie in [0, 1], got {self.teacher_forcing}.")
         super().__post_init__()
@@ -158,6 +177,15 @@ class ClrsModel(nn.Module):
         return initial_state(
             spec, self.z_init, None if self.z_init == "zeros" else self.make_rng("z0")
         )
+
+    def _random_positions(self, pos: jax.Array) -> jax.Array:
+        """``[B, n]`` sorted uniform draws in place of ``pos`` (CLRS's ``process_random_pos``)."""
+        if not self.has_rng("dropout"):
+            raise ValueError(
+                "random_pos draws from the 'dropout' rng stream; pass rngs={'dropout': key}."
+            )
+        draws = jax.random.uniform(self.make_rng("dropout"), pos.shape, jnp.float32)
+        return jnp.sort(draws, axis=-1).astype(pos.dtype)
 
     def _features(self, features: dict[str, Any], adjacency: jax.Array, init: bool):
         """The input values and the hint trajectories by feature name."""
@@ -212,6 +240,8 @@ class ClrsModel(nn.Module):
         b, n = adjacency.shape[:2]
         init = self.is_initializing()
         values, hints = self._features(features, adjacency, init)
+        if self.random_pos and train and "pos" in values:
+            values["pos"] = self._random_positions(values["pos"])
         if lengths is None:
             if self.mode == "fixed_steps" and not init:
                 raise ValueError("ClrsModel in mode 'fixed_steps' needs lengths.")
@@ -259,8 +289,12 @@ class ClrsModel(nn.Module):
             self.sow("intermediates", AUX_LOSS, sum(aux[1:], aux[0]))
         out = of_stage(self.spec, "output")[0]
         h = jnp.concatenate([base.node, z], axis=-1)  # [B, n, 2H]
+        edge = base.edge
+        if self.decode_edge_latents:
+            _, latents = cell(z, x, return_edges=True)
+            edge = jnp.concatenate([edge, latents], axis=-1)  # [B, n, n, 2H]
         decoder = FeatureDecoder((out,), self.hidden, name="output_decoder")
-        logits = decoder(h, base.edge, base.graph)[out.name]
+        logits = decoder(h, edge, base.graph)[out.name]
         if out.type == "mask":  # two-class logits [0, l]: softmax cross-entropy = binary
             logits = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)  # [B, n, n, 2]
         return logits, stats

@@ -17,7 +17,8 @@ Triplet messages (Dudzik & Veličković 2022; Ibarz et al. 2022): ``t_ijk = T_1 
 T_2 h_j + T_3 h_k + T_e1 e_ij + T_e2 e_ik + T_e3 e_jk + T_g g`` (``triplet_features``
 wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair. CLRS's code hands these
 latents to its decoders only; here they also enter the messages, so they shape the
-fixed point the DEQ solves for.
+fixed point the DEQ solves for, and ``cell(z, x, return_edges=True)`` hands them out for
+the decoders too (`deq_jax.nn.clrs_model.ClrsModel`'s ``decode_edge_latents``).
 
 Update rules from the CLRS DEQ study (Xhonneux et al. 2024): ``min_update`` replaces
 the proposal ``p = step(z)`` by ``min(z, p)`` (elementwise), making the iteration
@@ -197,8 +198,17 @@ class MPNN(nn.Module):
         return nn.Dense(features, param_dtype=self.param_dtype, name=name, **kwargs)
 
     @nn.compact
-    def __call__(self, z: jax.Array, x: ProcessorInputs) -> jax.Array:
-        """``z [B, n, H], x -> z' [B, n, H]``."""
+    def __call__(
+        self, z: jax.Array, x: ProcessorInputs, return_edges: bool = False
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """``z [B, n, H], x -> z' [B, n, H]``.
+
+        With ``return_edges`` (triplet processors only) also returns the step's triplet
+        edge latents ``relu(W max_k t_ijk)`` ``[B, n, n, H]``, which CLRS's Triplet-GMPNN
+        hands its decoders.
+        """
+        if return_edges and not self.use_triplets:
+            raise ValueError(f"{type(self).__name__} has no triplet edge latents to return.")
         b, n = z.shape[:2]
         if x.edge.shape[:3] != (b, n, n) or x.adjacency.shape != (b, n, n):
             raise ValueError(
@@ -219,7 +229,8 @@ class MPNN(nn.Module):
         if self.use_triplets:
             triplets = triplet_messages(h, x.edge, x.graph, self.triplet_features, self._dense)
             latents = self._dense(width, "triplet_out")(max_reduce(triplets, 1))  # [B, n, n, H]
-            messages = messages + nn.relu(latents)
+            latents = nn.relu(latents)
+            messages = messages + latents
         messages = self._dense(width, "msg_mlp_1")(nn.relu(messages))
         messages = self._dense(width, "msg_mlp_2")(nn.relu(messages))
         adjacency = x.adjacency if self.aggregation == "adjacency" else jnp.ones_like(x.adjacency)
@@ -238,7 +249,7 @@ class MPNN(nn.Module):
             out = gate * out + (1.0 - gate) * z
         if self.min_update:
             out = min_update(z, out, self.softmin_tau)
-        return out
+        return (out, latents) if return_edges else out
 
 
 class TripletMPNN(MPNN):
