@@ -41,6 +41,13 @@ def test_rows_table_and_figure(tmp_path):
         "| bellman_ford | deq | 90.0 | 50.0 | 96.4 | -46.4 | 10.0 / 14 | 20.0 / 30 | 12 |" in table
     )
     assert "| dfs | deq | diverged |" in table
+    assert "every edge" not in table
+    kruskal = clrs_report.report_row(
+        "mst_kruskal", "deq", {"test_64": dict(splits["test_64"], all_edges_score=0.8213)}, 1.0
+    )
+    assert "mst_kruskal: predicting every edge scores 82.1 on the test_64 graphs." in (
+        clrs_report.markdown([kruskal])
+    )
     path = clrs_report_plots.write_figure([row, diverged], str(tmp_path / "f.png"))
     assert os.path.getsize(path) > 1000
 

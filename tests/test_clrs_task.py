@@ -47,6 +47,19 @@ def test_mask_score_is_clrs_f1():
     )
 
 
+def test_all_edges_score_counts_every_edge_as_predicted():
+    task = clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", test_nodes=(40,), eval_size=8))
+    arrays = task.source("test_40")
+    edges = (arrays["inputs"] > 0) & ~np.eye(40, dtype=bool)
+    logits = jnp.stack([jnp.zeros(edges.shape), jnp.where(edges, 1.0, -1.0)], -1)
+    expected = clrs.mask_score(logits, jnp.asarray(arrays["targets"]))["score"]
+    assert task.all_edges_score("test_40") == pytest.approx(float(expected), rel=1e-6)
+    assert task.all_edges_score("val") > 0.95  # CLRS's 16-node MST graphs: nearly forests
+    assert task.all_edges_score("test_40") < task.all_edges_score("val")
+    with pytest.raises(ValueError, match="edge mask"):
+        clrs.ClrsTask(clrs.ClrsConfig("bfs", eval_size=2)).all_edges_score("val")
+
+
 def test_task_splits_batches_and_registry():
     task = tasks.get("clrs", algorithm="dfs", train_size=12, eval_size=4, test_nodes=(9, 12))
     assert task.eval_splits == ("val", "test_9", "test_12")
