@@ -4,8 +4,7 @@ One CLRS-30 algorithm (`deq_jax.tasks.clrs.ClrsTask`: train on 1000 graphs of 16
 nodes, validate on 32 of 16, test on 32 of 32 and 64 nodes) and the encode-process-
 decode model `deq_jax.nn.clrs_model.ClrsModel` (``clrs_deq``) with a gated MPNN
 processor (CLRS's GMPNN; the MSTs use the Triplet-GMPNN, see `PROCESSORS`, Kruskal's
-decoding its edge latents, see `EDGE_LATENTS`; Prim trains with randomised positions,
-see `RANDOM_POS`).
+decoding its edge latents, see `EDGE_LATENTS`).
 ``model.mode`` picks how the processor runs:
 
 * ``deq`` (default): the fixed point from Anderson acceleration with implicit (IFT)
@@ -68,10 +67,9 @@ PROCESSORS = {"mst_prim": "triplet_mpnn", "mst_kruskal": "triplet_mpnn"}
 # its ends). Prim's deq mode gained nothing from it (60.4 against 64.0, one seed each).
 # ``fixed_steps`` runs without (`ClrsModel` rejects it there).
 EDGE_LATENTS = ("mst_kruskal",)
-# Algorithms trained with randomised positions (``model.random_pos``, CLRS's default in
-# training): Prim's deq mode at 2,000 steps gave 66.9% at 64 nodes against 64.0 (one
-# seed each); Kruskal's scores did not move (82.1 both).
-RANDOM_POS = ("mst_prim",)
+# ``model.random_pos`` (randomised positions, CLRS's default in training) stays off: Prim's
+# deq mode at 2,000 steps gave 66.9% and 57.9% at 64 nodes with it (train seeds 0 and 1)
+# against 64.0 without (seed 0); Kruskal's scores did not move (82.1 both).
 # Jacobian regulariser weights other than 1. Kruskal's deq mode at 2,000 steps: 74.9% at
 # 64 nodes with 0.1 against 71.3% with 1, where its processor stopped after 4 steps on
 # every graph (now ~10).
@@ -119,7 +117,7 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             gumbel_hints=False,
             gumbel_tau=1.0,
             decode_edge_latents=algorithm in EDGE_LATENTS,
-            random_pos=algorithm in RANDOM_POS,
+            random_pos=False,
             z_init="zeros",
             train_max_iter=train_budget,
             eval_max_iter=eval_budget,

@@ -2,8 +2,7 @@
 
 The shared setup is `configs.clrs_common` (task, model, sizes, the three modes); the
 processor is the Triplet-GMPNN (64.0% at 64 nodes after 2,000 steps in deq mode, against
-49.6% with the GMPNN; ``--config.model.processor=gmpnn`` for the latter), trained with
-randomised positions (``model.random_pos``: 66.9% against 64.0). The score is
+49.6% with the GMPNN; ``--config.model.processor=gmpnn`` for the latter). The score is
 the parent-pointer accuracy; the DEQ column of Xhonneux et al. (2024) reports 75.2% at
 64 nodes. Run it with::
 

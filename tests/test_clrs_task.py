@@ -99,7 +99,7 @@ def test_configs_are_documented(algorithm):
     mst = algorithm in ("mst_prim", "mst_kruskal")
     assert config.model.processor == ("triplet_mpnn" if mst else "gmpnn")
     assert config.model.decode_edge_latents == (algorithm == "mst_kruskal")
-    assert config.model.random_pos == (algorithm == "mst_prim")
+    assert not config.model.random_pos
     # MST-Kruskal's Jacobian weight is 0.1 (74.9 vs 71.3 at 64 nodes), the rest 1.
     assert config.regularizer.jacobian_weight == (0.1 if algorithm == "mst_kruskal" else 1.0)
     with pytest.raises(ValueError, match="smoke"):
