@@ -59,12 +59,13 @@ MODES = ("deq", "hint_propagation", "fixed_steps")
 # nodes with the Triplet-GMPNN against 49.6% with the GMPNN (1.4x the training time).
 # Kruskal's: 82.1% with the Triplet-GMPNN decoding from its edge latents (`EDGE_LATENTS`)
 # against 74.9% with the GMPNN (2.8x the time); without the edge latents the triplets
-# gave 74.6.
+# gave 74.6. 82.1 is the F1 of predicting every edge on those graphs
+# (`ClrsTask.all_edges_score`): the 16-node training graphs are nearly forests.
 PROCESSORS = {"mst_prim": "triplet_mpnn", "mst_kruskal": "triplet_mpnn"}
 # Algorithms whose output decoder reads the triplet edge latents at the fixed point
-# (``model.decode_edge_latents``, as CLRS's Triplet-GMPNN decoders): Kruskal's edge-mask
-# output is a pair property (an edge is in the tree unless a path of lighter edges joins
-# its ends). Prim's deq mode gained nothing from it (60.4 against 64.0, one seed each).
+# (``model.decode_edge_latents``, as CLRS's Triplet-GMPNN decoders), for Kruskal's
+# edge-mask output. Prim's deq mode gained nothing from it (60.4 against 64.0, one seed
+# each).
 # ``fixed_steps`` runs without (`ClrsModel` rejects it there).
 EDGE_LATENTS = ("mst_kruskal",)
 # ``model.random_pos`` (randomised positions, CLRS's default in training) stays off: Prim's
