@@ -358,6 +358,21 @@ def test_decode_edge_latents_feeds_the_triplet_latents_to_the_output_decoder():
         clrs_model(decode_edge_latents=True)
     with pytest.raises(ValueError, match="fixed_steps"):
         clrs_model(mode="fixed_steps", decode_edge_latents=True, **kw)
+    # With the step penalty too, the one cell call at z* gives the same penalty as the
+    # plain decoder's model (same processor parameters).
+    penalised = [
+        clrs_model("mst_kruskal", step_penalty=0.5, decode_edge_latents=d, **kw)
+        for d in (False, True)
+    ]
+    plain_vars, decoding_vars = init(penalised[0]), init(penalised[1])
+    plain_vars["params"] = {
+        **decoding_vars["params"],
+        "output_decoder": plain_vars["params"]["output_decoder"],
+    }
+    plain_penalty = sown_aux(penalised[0], plain_vars, adj, extras)[0]
+    decoding_penalty = sown_aux(penalised[1], decoding_vars, adj, extras)[0]
+    assert np.all(decoding_penalty > 0)
+    np.testing.assert_allclose(decoding_penalty, plain_penalty, rtol=1e-5)
     x, z = processor_inputs()
     cell = MPNN(hidden=H)
     with pytest.raises(ValueError, match="no triplet edge latents"):

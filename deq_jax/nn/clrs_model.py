@@ -252,6 +252,7 @@ class ClrsModel(nn.Module):
         if self.mode != "deq" and alignment:
             raise ValueError("The alignment penalty needs mode='deq'.")
         aux = []
+        edge_latents = None  # the Triplet-GMPNN's edge latents at z*, for the decoder
         if self.mode == "fixed_steps":
             if jacobian_samples or spectral_iters:
                 raise ValueError(
@@ -266,7 +267,13 @@ class ClrsModel(nn.Module):
                 options = dict(z0=z0, stats_probe=stats_probe, alignment=alignment)
                 options.update(jacobian_samples=jacobian_samples, spectral_iters=spectral_iters)
                 z, stats = solve_cell(self, cell, x, train, max_iter, options)
-                penalty = jnp.square(per_sample_norm(cell(z, x) - z)) if self.step_penalty else None
+                penalty = None
+                if self.decode_edge_latents:  # one cell call at z* serves both
+                    fz, edge_latents = cell(z, x, return_edges=True)
+                elif self.step_penalty:
+                    fz = cell(z, x)
+                if self.step_penalty:
+                    penalty = jnp.square(per_sample_norm(fz - z))
             else:
                 z_start = self._start(cell.state_spec(x), z0)
                 if init:
@@ -291,8 +298,9 @@ class ClrsModel(nn.Module):
         h = jnp.concatenate([base.node, z], axis=-1)  # [B, n, 2H]
         edge = base.edge
         if self.decode_edge_latents:
-            _, latents = cell(z, x, return_edges=True)
-            edge = jnp.concatenate([edge, latents], axis=-1)  # [B, n, n, 2H]
+            if edge_latents is None:
+                _, edge_latents = cell(z, x, return_edges=True)
+            edge = jnp.concatenate([edge, edge_latents], axis=-1)  # [B, n, n, 2H]
         decoder = FeatureDecoder((out,), self.hidden, name="output_decoder")
         logits = decoder(h, edge, base.graph)[out.name]
         if out.type == "mask":  # two-class logits [0, l]: softmax cross-entropy = binary
