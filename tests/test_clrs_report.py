@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from launch import clrs_report, clrs_report_plots
+from launch import clrs_diagnose, clrs_report, clrs_report_plots
 
 
 def test_run_config_and_scores():
@@ -48,6 +48,12 @@ def test_rows_table_and_figure(tmp_path):
     assert "mst_kruskal: predicting every edge scores 82.1 on the test_64 graphs." in (
         clrs_report.markdown([kruskal])
     )
+    prim_splits = {"test_64": dict(splits["test_64"], lightest_neighbour_score=0.6865)}
+    prim = clrs_report.report_row("mst_prim", "deq", prim_splits, 1.0)
+    assert (
+        "mst_prim: pointing every node at its lightest neighbour scores 68.7 on the test_64 "
+        "graphs." in clrs_report.markdown([prim, row])
+    )
     path = clrs_report_plots.write_figure([row, diverged], str(tmp_path / "f.png"))
     assert os.path.getsize(path) > 1000
 
@@ -79,3 +85,13 @@ def test_smoke_report_end_to_end(modes, tmp_path):
     )
     assert again["rows"][0]["train_seconds"] == report["rows"][0]["train_seconds"]
     assert again["rows"][0]["val_score"] == pytest.approx(report["rows"][0]["val_score"])
+    # The error breakdown of the trained run agrees with the report's score.
+    run_dir = os.path.join(root, "bellman_ford", modes[0])
+    config = clrs_report.run_config("bellman_ford", modes[0], smoke=True)
+    lines = []
+    breakdown = clrs_diagnose.diagnose_run(config, run_dir, ["val"], emit=lines.append)
+    assert breakdown["val"]["accuracy"] == pytest.approx(report["rows"][0]["val_score"], abs=1e-6)
+    assert sum(b["nodes"] for b in breakdown["val"]["by_depth"]) == breakdown["val"]["nodes"]
+    assert "excess_median" in breakdown["val"] and lines[0].startswith("val: score")
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        clrs_diagnose.diagnose_run(config, os.path.join(root, "empty"))

@@ -1,0 +1,158 @@
+"""Where a CLRS pointer model goes wrong: errors by tree depth, reversed edges, near-ties.
+
+A pointer output (``pi``: each node's parent, the root pointing at itself) is scored
+by CLRS as the fraction of right parents. That number alone does not say why a model
+trained on 16-node graphs loses accuracy on 64-node ones. `pointer_errors` splits it:
+
+* accuracy by the node's depth in the true tree (hops to the root): larger graphs have
+  deeper trees than the training set shows;
+* the share of wrong parents that are the node's child in the true tree (the model found
+  the tree edge but oriented it away from the root), or not a neighbour at all;
+* for the shortest-path algorithms (``weights`` given), how much longer the path through
+  the predicted parent is than the shortest one: wrong parents on near-ties
+  (``d(p) + w(p, v) - d(v)`` of a few thousandths) are a resolution limit, not a failure
+  to run the algorithm.
+
+All functions are numpy on host arrays: predictions come from the model
+(``launch/clrs_diagnose.py`` loads a trained run), targets from `ClrsTask`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# Depth bins (inclusive ranges of hops to the root) of `pointer_errors`.
+DEPTH_BINS = ((0, 0), (1, 2), (3, 5), (6, 9), (10, 15), (16, None))
+# Path-cost excess thresholds of `pointer_errors` (edge weights of CLRS lie in [0, 1]).
+EXCESS_THRESHOLDS = (0.01, 0.05)
+
+
+def _check_parents(parents: np.ndarray) -> np.ndarray:
+    parents = np.asarray(parents)
+    n = parents.shape[-1]
+    if parents.ndim != 2 or not np.issubdtype(parents.dtype, np.integer):
+        raise ValueError(
+            f"Parents must be integer [graphs, nodes], got {parents.dtype} {parents.shape}."
+        )
+    if parents.size and (parents.min() < 0 or parents.max() >= n):
+        raise ValueError(f"Parents must be node indices in [0, {n}).")
+    return parents
+
+
+def tree_depths(parents: np.ndarray) -> np.ndarray:
+    """Hops from each node to its root (a node that points at itself) ``[graphs, nodes]``.
+
+    Args:
+      parents: integer ``[graphs, nodes]``, a forest of parent pointers.
+
+    Raises:
+      ValueError: for a malformed array, or pointers that run in a cycle.
+    """
+    parents = _check_parents(parents)
+    n = parents.shape[-1]
+    rows = np.arange(parents.shape[0])[:, None]
+    depth = np.zeros(parents.shape, np.int64)
+    current = np.broadcast_to(np.arange(n), parents.shape).copy()
+    for _ in range(n):
+        moving = parents[rows, current] != current
+        if not moving.any():
+            return depth
+        depth += moving
+        current = np.where(moving, parents[rows, current], current)
+    raise ValueError("The parent pointers run in a cycle: not a forest.")
+
+
+def _path_costs(parents: np.ndarray, weights: np.ndarray, depths: np.ndarray) -> np.ndarray:
+    """Each node's cost along the tree to its root, ``[graphs, nodes]``."""
+    rows = np.arange(parents.shape[0])[:, None]
+    nodes = np.arange(parents.shape[1])[None]
+    cost = np.zeros(parents.shape)
+    step = np.where(parents == nodes, 0.0, weights[rows, parents, nodes])
+    for level in range(1, int(depths.max(initial=0)) + 1):  # parents are one level up
+        at = depths == level
+        cost = np.where(at, cost[rows, parents] + step, cost)
+    return cost
+
+
+def pointer_errors(
+    predicted: np.ndarray,
+    targets: np.ndarray,
+    *,
+    adjacency: np.ndarray | None = None,
+    weights: np.ndarray | None = None,
+    depth_bins: Sequence[tuple[int, int | None]] = DEPTH_BINS,
+) -> dict:
+    """The breakdown of a pointer output's errors (module docstring).
+
+    Args:
+      predicted: the model's parents, integer ``[graphs, nodes]``.
+      targets: the true parents (a forest), the same shape.
+      adjacency: ``[graphs, nodes, nodes]``, nonzero where an edge is (self-loops
+        ignored); with it, the share of wrong parents that are not neighbours.
+      weights: ``[graphs, nodes, nodes]`` edge weights ``w[u, v]`` of a shortest-path
+        algorithm (Bellman-Ford, Dijkstra); with it, the path-cost excess of the
+        predicted parents.
+      depth_bins: inclusive ``(low, high)`` depth ranges (``high=None``: no bound).
+
+    Returns:
+      ``{"accuracy", "nodes", "errors", "by_depth": [{"depths", "share", "accuracy",
+      "nodes"}], "reversed_share", ["non_neighbour_share"], ["excess_median",
+      "excess_below_<t>", "near_tie_share_<t>", "near_tie_accuracy_<t>"]}``: the
+      ``*_share`` of errors are fractions of the errors, ``share`` of a bin the fraction
+      of all nodes in it (``accuracy`` ``None`` for an empty bin); a node is a near-tie
+      when a neighbour other than its parent offers a path at most ``t`` longer, and
+      ``near_tie_share_<t>`` is the fraction of all nodes that are.
+
+    Raises:
+      ValueError: if the shapes disagree or the targets are not a forest.
+    """
+    predicted, targets = _check_parents(predicted), _check_parents(targets)
+    if predicted.shape != targets.shape:
+        raise ValueError(f"Predicted {predicted.shape} and target {targets.shape} differ.")
+    graphs, n = targets.shape
+    rows, nodes = np.arange(graphs)[:, None], np.arange(n)[None]
+    right = predicted == targets
+    wrong = ~right
+    depths = tree_depths(targets)
+    out: dict = dict(accuracy=float(right.mean()), nodes=int(right.size), errors=int(wrong.sum()))
+    out["by_depth"] = []
+    for low, high in depth_bins:
+        inside = (depths >= low) & (depths <= (np.inf if high is None else high))
+        out["by_depth"].append(
+            dict(
+                depths=f"{low}+" if high is None else f"{low}-{high}",
+                share=float(inside.mean()),
+                accuracy=float(right[inside].mean()) if inside.any() else None,
+                nodes=int(inside.sum()),
+            )
+        )
+    errors = max(int(wrong.sum()), 1)
+    reversed_edge = targets[rows, predicted] == nodes  # the predicted parent is my child
+    out["reversed_share"] = float((wrong & reversed_edge & (predicted != nodes)).sum() / errors)
+    if adjacency is not None:
+        linked = np.asarray(adjacency)[rows, predicted, nodes] != 0
+        stray = wrong & ~linked & (predicted != nodes)
+        out["non_neighbour_share"] = float(stray.sum() / errors)
+    if weights is not None:
+        weights = np.asarray(weights, np.float64)
+        cost = _path_costs(targets, weights, depths)
+        through = cost[rows, predicted] + weights[rows, predicted, nodes]
+        excess = (through - cost)[
+            wrong & (predicted != nodes) & (weights[rows, predicted, nodes] > 0)
+        ]
+        out["excess_median"] = float(np.median(excess)) if excess.size else None
+        for threshold in EXCESS_THRESHOLDS:
+            out[f"excess_below_{threshold:g}"] = float((excess < threshold).sum() / errors)
+        # Near-ties in the data: nodes with another neighbour whose path is almost as short.
+        others = (weights > 0) & (np.arange(n)[:, None] != nodes)[None]  # [g, u, v], u != v
+        others &= np.arange(n)[None, :, None] != targets[:, None, :]  # u is not v's parent
+        alternative = np.where(others, cost[:, :, None] + weights, np.inf).min(1) - cost
+        has_parent = targets != nodes  # roots and unreached nodes have no path to tie
+        for threshold in EXCESS_THRESHOLDS:
+            tied = has_parent & (alternative < threshold)
+            accuracy = float(right[tied].mean()) if tied.any() else None
+            out[f"near_tie_share_{threshold:g}"] = float(tied.mean())
+            out[f"near_tie_accuracy_{threshold:g}"] = accuracy
+    return out

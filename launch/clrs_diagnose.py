@@ -1,0 +1,145 @@
+"""Breaks a trained CLRS pointer model's errors down (`deq_jax.tasks.clrs.diagnostics`).
+
+Loads the latest checkpoint of a CLRS run (nothing is trained), predicts every graph
+of the chosen splits and prints, per split: the score, the accuracy by depth in the
+true tree, the share of wrong parents that reverse a tree edge or are no neighbour,
+and, for Bellman-Ford and Dijkstra, how much longer the path through the predicted
+parent is (near-ties). For MST-Prim it adds the lightest-neighbour rule's score
+(`ClrsTask.lightest_neighbour_score`). Writes ``{workdir}/clrs_diagnostics.json``.
+
+Usage (pass the config and overrides the run was trained with)::
+
+    python -m launch.clrs_diagnose --config configs/clrs_mst_prim.py \\
+        --workdir /tmp/clrs_report/mst_prim/deq [--splits=val,test_64] \\
+        [--config.model.hidden=128]
+
+A run of `launch.clrs_report` lives in ``{report workdir}/<algorithm>/<mode>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from absl import flags
+
+from launch import main as launch_main
+
+_SPLITS = flags.DEFINE_list("splits", [], "Splits to diagnose (default: every eval split).")
+
+SHORTEST_PATHS = ("bellman_ford", "dijkstra")
+OUTPUT = "clrs_diagnostics.json"
+
+
+def predictions(run: Any, split: str, batch_size: int) -> dict[str, np.ndarray]:
+    """The model's parents and the batch arrays of every real example of ``split``."""
+    import jax
+
+    extras = tuple(run.task.batch_extras)
+
+    @jax.jit
+    def predict(variables, batch):
+        outputs, _ = run.model.apply(
+            variables, batch["inputs"], train=False, **{k: batch[k] for k in extras}
+        )
+        return outputs.argmax(-1)
+
+    keep = ("targets", "inputs", "input_A")
+    parts: dict[str, list[np.ndarray]] = {"predicted": [], **{k: [] for k in keep}}
+    for batch in run.task.eval_iterator(split, batch_size):
+        real = np.asarray(batch["mask"]) > 0
+        device = {k: batch[k] for k in ("inputs", *extras)}
+        parts["predicted"].append(np.asarray(predict(run.state.variables(), device))[real])
+        for key in keep:
+            parts[key].append(np.asarray(batch[key])[real])
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def diagnose_run(
+    config: Any, workdir: str, splits: Sequence[str] = (), emit: Callable[[str], None] = print
+) -> dict[str, dict]:
+    """`pointer_errors` of every split of the trained run in ``workdir``.
+
+    Raises:
+      FileNotFoundError: if the workdir holds no checkpoint.
+      ValueError: for a task other than a CLRS pointer output (Kruskal's edge mask).
+    """
+    from deq_jax.tasks.clrs import diagnostics
+    from deq_jax.training import setup
+
+    if config.task.name != "clrs" or config.task.algorithm == "mst_kruskal":
+        raise ValueError("clrs_diagnose takes a CLRS run with a pointer output (not Kruskal).")
+    run = setup(config, workdir)
+    run.checkpointer.close()
+    if run.start_step == 0:
+        raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} to diagnose.")
+    algorithm = config.task.algorithm
+    report = {}
+    for split in tuple(splits) or tuple(run.task.eval_splits):
+        arrays = predictions(run, split, config.eval.batch_size)
+        weighted = algorithm in SHORTEST_PATHS
+        result = diagnostics.pointer_errors(
+            arrays["predicted"],
+            arrays["targets"],
+            adjacency=arrays["inputs"],
+            weights=arrays["input_A"] if weighted else None,
+        )
+        if algorithm == "mst_prim":
+            result["lightest_neighbour_score"] = run.task.lightest_neighbour_score(split)
+        report[split] = result
+        emit(format_split(split, result))
+    return report
+
+
+def format_split(split: str, result: dict) -> str:
+    """One split's breakdown as a few lines of text."""
+    lines = [
+        f"{split}: score {100 * result['accuracy']:.1f} ({result['errors']} wrong of "
+        f"{result['nodes']}); wrong parents: {100 * result['reversed_share']:.0f}% reverse a "
+        f"tree edge, {100 * result.get('non_neighbour_share', 0):.0f}% are no neighbour"
+    ]
+    if "lightest_neighbour_score" in result:
+        lines.append(f"  lightest-neighbour rule: {100 * result['lightest_neighbour_score']:.1f}")
+    if result.get("excess_median") is not None:
+        lines.append(
+            f"  path through the wrong parent longer by: median {result['excess_median']:.4f}; "
+            f"{100 * result['excess_below_0.01']:.0f}% below 0.01, "
+            f"{100 * result['excess_below_0.05']:.0f}% below 0.05"
+        )
+    if "near_tie_share_0.01" in result:
+        accuracy = result["near_tie_accuracy_0.01"]
+        lines.append(
+            f"  near-ties (another parent within 0.01): {100 * result['near_tie_share_0.01']:.1f}%"
+            " of nodes, scored " + ("-" if accuracy is None else f"{100 * accuracy:.1f}")
+        )
+    cells = [
+        f"{b['depths']}: {100 * b['share']:.0f}% of nodes, "
+        + ("-" if b["accuracy"] is None else f"{100 * b['accuracy']:.1f}")
+        for b in result["by_depth"]
+        if b["nodes"]
+    ]
+    lines.append("  accuracy by depth in the true tree: " + "; ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str]) -> None:
+    launch_main.reject_arguments(argv)
+    launch_main.quiet_library_logs()
+    workdir = launch_main._WORKDIR.value
+    report = diagnose_run(
+        launch_main._CONFIG.value,
+        workdir,
+        _SPLITS.value,
+        emit=lambda s: print(s, flush=True),
+    )
+    path = os.path.join(workdir, OUTPUT)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    print(f"Wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    launch_main.run(main)

@@ -1,0 +1,69 @@
+"""The CLRS error breakdown: tree depths, reversed edges, path-cost excess, known answers."""
+
+import numpy as np
+import pytest
+from scipy.sparse.csgraph import shortest_path
+
+from deq_jax.tasks import clrs
+from deq_jax.tasks.clrs import diagnostics
+
+
+def test_tree_depths_of_a_forest_and_a_cycle():
+    # Graph 0: the path 0 <- 1 <- 2 <- 3 and a lone root 4; graph 1: a star around 2.
+    parents = np.array([[0, 0, 1, 2, 4], [2, 2, 2, 2, 2]])
+    np.testing.assert_array_equal(
+        diagnostics.tree_depths(parents), [[0, 1, 2, 3, 0], [1, 1, 0, 1, 1]]
+    )
+    with pytest.raises(ValueError, match="cycle"):
+        diagnostics.tree_depths(np.array([[1, 0, 2]]))
+    with pytest.raises(ValueError, match="integer"):
+        diagnostics.tree_depths(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="node indices"):
+        diagnostics.tree_depths(np.array([[0, 3, 1]]))
+
+
+def test_pointer_errors_known_answers():
+    # One graph: edges 0-1 (0.5), 0-2 (0.3), 1-2 (0.205), 2-3 (0.4); root 0. The shortest
+    # paths: 1 via 0 (0.5, against 0.505 via 2), 2 via 0, 3 via 2.
+    weights = np.zeros((1, 4, 4))
+    for u, v, w in ((0, 1, 0.5), (0, 2, 0.3), (1, 2, 0.205), (2, 3, 0.4)):
+        weights[0, u, v] = weights[0, v, u] = w
+    adjacency = (weights > 0) | np.eye(4, dtype=bool)[None]
+    targets = np.array([[0, 0, 0, 2]])
+    # Node 1 takes the near-tie 2 (excess 0.005), node 2 its child 3 (reversed: excess
+    # 0.7 + 0.4 - 0.3 = 0.8), node 3 the non-neighbour 1; node 0 is right.
+    predicted = np.array([[0, 2, 3, 1]])
+    out = diagnostics.pointer_errors(predicted, targets, adjacency=adjacency, weights=weights)
+    assert out["accuracy"] == 0.25 and out["errors"] == 3 and out["nodes"] == 4
+    assert out["reversed_share"] == pytest.approx(1 / 3)
+    assert out["non_neighbour_share"] == pytest.approx(1 / 3)
+    assert out["excess_median"] == pytest.approx((0.005 + 0.8) / 2)  # of the two neighbours
+    assert out["excess_below_0.01"] == out["excess_below_0.05"] == pytest.approx(1 / 3)
+    # Node 1 is the one near-tie (0.505 against 0.5); no other node has a path within 0.05.
+    assert out["near_tie_share_0.01"] == out["near_tie_share_0.05"] == 0.25
+    assert out["near_tie_accuracy_0.01"] == 0.0
+    depth = {b["depths"]: b for b in out["by_depth"]}
+    assert depth["0-0"]["accuracy"] == 1.0 and depth["0-0"]["share"] == 0.25
+    assert depth["1-2"]["accuracy"] == 0.0 and depth["1-2"]["nodes"] == 3
+    assert depth["3-5"]["accuracy"] is None and depth["3-5"]["nodes"] == 0
+    perfect = diagnostics.pointer_errors(targets, targets, weights=weights)
+    assert perfect["accuracy"] == 1.0 and perfect["reversed_share"] == 0.0
+    assert perfect["excess_median"] is None
+    with pytest.raises(ValueError, match="differ"):
+        diagnostics.pointer_errors(np.concatenate([predicted, predicted]), targets)
+
+
+def test_tree_path_costs_are_the_shortest_distances_on_bellman_ford_graphs():
+    task = clrs.ClrsTask(clrs.ClrsConfig("bellman_ford", test_nodes=(20,), eval_size=6))
+    arrays = task.source("test_20")
+    targets, weights = arrays["targets"], arrays["input_A"]
+    costs = diagnostics._path_costs(targets, weights, diagnostics.tree_depths(targets))
+    for g, start in enumerate(arrays["input_s"].argmax(-1)):
+        w = weights[g].copy()
+        np.fill_diagonal(w, 0)
+        distances = shortest_path(w, directed=True, indices=start)
+        reached = np.isfinite(distances)
+        np.testing.assert_allclose(costs[g][reached], distances[reached], atol=1e-5)
+    # The true parents have no excess: the breakdown of a perfect model is empty.
+    out = diagnostics.pointer_errors(targets, targets, weights=weights)
+    assert out["accuracy"] == 1.0 and out["excess_median"] is None
