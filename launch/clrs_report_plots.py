@@ -2,7 +2,9 @@
 
 One line per run: the colour is the algorithm, the line style the mode. Left: the CLRS
 score (percent) at each evaluated graph size, the goal of the DEQ column at 64 nodes as
-a cross per algorithm. Right: the mean processor steps at each size.
+a cross per algorithm and, for the MSTs, the reference rule's score at each size as a
+thin dotted line (`launch.clrs_report.REFERENCE_RULES`). Right: the mean processor steps
+at each size.
 
 References:
   Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
@@ -19,7 +21,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from launch.clrs_report import REFERENCE_RULES  # noqa: E402
+
 STYLES = {"deq": "-", "hint_propagation": "--", "fixed_steps": ":"}
+
+
+def _reference_points(rows: Sequence[dict], algorithm: str) -> list[tuple[int, float]]:
+    """(nodes, percent) of the algorithm's reference rule, from its first row that has it."""
+    for row in rows:
+        if row["algorithm"] != algorithm:
+            continue
+        for key in REFERENCE_RULES:
+            splits = row.get("splits", {}).values()
+            points = [(s["nodes"], 100 * s[key]) for s in splits if key in s]
+            if points:
+                return sorted(points)
+    return []
 
 
 def write_figure(rows: Sequence[dict], path: str) -> str:
@@ -43,12 +60,20 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
     for algorithm in algorithms:
         goal = next(r["goal"] for r in rows if r["algorithm"] == algorithm)
         left.scatter([64], [goal], marker="x", s=60, color=colours[algorithm])
+        reference = _reference_points(rows, algorithm)
+        if reference:
+            nodes, scores = zip(*reference, strict=True)
+            label = f"{algorithm} reference rule"
+            dotted = dict(color=colours[algorithm], linestyle=(0, (1, 3)), linewidth=1)
+            left.plot(nodes, scores, label=label, **dotted)
     left.set_ylabel("score (%)  [x: DEQ column of the post at 64 nodes]")
     right.set_ylabel("processor steps (mean)")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes per graph")
     right.legend(fontsize=6, ncol=2)
+    if any(_reference_points(rows, a) for a in algorithms):
+        left.legend(fontsize=6, handles=[h for h in left.lines if "reference" in h.get_label()])
     trained = {r["splits"]["val"]["nodes"] for r in rows if "val" in r.get("splits", {})}
     fig.suptitle(f"CLRS: trained on {', '.join(map(str, sorted(trained)))} nodes")
     fig.tight_layout()

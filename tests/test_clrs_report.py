@@ -56,6 +56,13 @@ def test_rows_table_and_figure(tmp_path):
     )
     path = clrs_report_plots.write_figure([row, diverged], str(tmp_path / "f.png"))
     assert os.path.getsize(path) > 1000
+    prim_splits["val"] = dict(splits["val"], lightest_neighbour_score=0.705)
+    assert clrs_report_plots._reference_points([row, prim], "mst_prim") == [
+        (16, 70.5),
+        (64, 68.65),
+    ]
+    path = clrs_report_plots.write_figure([row, prim], str(tmp_path / "g.png"))
+    assert os.path.getsize(path) > 1000
 
 
 @pytest.mark.parametrize(
