@@ -5,7 +5,8 @@ of the chosen splits and prints, per split: the score, the accuracy by depth in 
 true tree, the share of wrong parents that reverse a tree edge or are no neighbour,
 and, for Bellman-Ford and Dijkstra, how much longer the path through the predicted
 parent is (near-ties). For MST-Prim it adds the lightest-neighbour rule's score
-(`ClrsTask.lightest_neighbour_score`). Writes ``{workdir}/clrs_diagnostics.json``.
+(`ClrsTask.lightest_neighbour_score`). Writes ``{workdir}/clrs_diagnostics.json`` and
+``clrs_diagnostics.png`` (accuracy against depth in the true tree, one line per split).
 
 Usage (pass the config and overrides the run was trained with)::
 
@@ -31,7 +32,8 @@ from launch import main as launch_main
 _SPLITS = flags.DEFINE_list("splits", [], "Splits to diagnose (default: every eval split).")
 
 SHORTEST_PATHS = ("bellman_ford", "dijkstra")
-OUTPUT = "clrs_diagnostics.json"
+OUTPUT = "clrs_diagnostics"  # .json and .png
+MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 
 
 def predictions(run: Any, split: str, batch_size: int) -> dict[str, np.ndarray]:
@@ -125,6 +127,37 @@ def format_split(split: str, result: dict) -> str:
     return "\n".join(lines)
 
 
+def write_figure(report: dict[str, dict], path: str) -> str:
+    """Accuracy against depth in the true tree, one line per split; returns ``path``.
+
+    Depth bins holding fewer than `MIN_NODES_PLOTTED` nodes of a split are left out.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    labels = [b["depths"] for b in next(iter(report.values()))["by_depth"]]
+    for split, result in report.items():
+        bins = enumerate(result["by_depth"])
+        points = [(i, 100 * b["accuracy"]) for i, b in bins if b["nodes"] >= MIN_NODES_PLOTTED]
+        if not points:
+            continue
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker="o", label=f"{split} (score {100 * result['accuracy']:.1f})")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel(
+        f"depth in the true tree (hops to the root; bins of >= {MIN_NODES_PLOTTED} nodes)"
+    )
+    ax.set_ylabel("right parents (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: Sequence[str]) -> None:
     launch_main.reject_arguments(argv)
     launch_main.quiet_library_logs()
@@ -135,10 +168,11 @@ def main(argv: Sequence[str]) -> None:
         _SPLITS.value,
         emit=lambda s: print(s, flush=True),
     )
-    path = os.path.join(workdir, OUTPUT)
+    path = os.path.join(workdir, f"{OUTPUT}.json")
     with open(path, "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)
-    print(f"Wrote {path}", flush=True)
+    figure = write_figure(report, os.path.join(workdir, f"{OUTPUT}.png"))
+    print(f"Wrote {path}, {figure}", flush=True)
 
 
 if __name__ == "__main__":

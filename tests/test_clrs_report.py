@@ -100,5 +100,7 @@ def test_smoke_report_end_to_end(modes, tmp_path):
     assert breakdown["val"]["accuracy"] == pytest.approx(report["rows"][0]["val_score"], abs=1e-6)
     assert sum(b["nodes"] for b in breakdown["val"]["by_depth"]) == breakdown["val"]["nodes"]
     assert "excess_median" in breakdown["val"] and lines[0].startswith("val: score")
+    figure = clrs_diagnose.write_figure(breakdown, os.path.join(root, "diagnostics.png"))
+    assert os.path.getsize(figure) > 1000
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         clrs_diagnose.diagnose_run(config, os.path.join(root, "empty"))
