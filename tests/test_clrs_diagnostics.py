@@ -53,6 +53,18 @@ def test_pointer_errors_known_answers():
         diagnostics.pointer_errors(np.concatenate([predicted, predicted]), targets)
 
 
+def test_nodes_outside_the_tree_have_no_path_to_compare():
+    # Directed edges 0 -> 1 (0.5) and 2 -> 1 (0.001); 2 and 3 are unreached from root 0.
+    weights = np.zeros((1, 4, 4))
+    weights[0, 0, 1], weights[0, 2, 1] = 0.5, 0.001
+    targets = np.array([[0, 0, 2, 3]])
+    with np.errstate(all="raise"):
+        out = diagnostics.pointer_errors(np.array([[0, 2, 2, 3]]), targets, weights=weights)
+    # Node 1's wrong parent 2 offers no path from the root: neither an excess nor a tie.
+    assert out["errors"] == 1 and out["excess_median"] is None
+    assert out["excess_below_0.05"] == 0.0 and out["near_tie_share_0.05"] == 0.0
+
+
 def test_tree_path_costs_are_the_shortest_distances_on_bellman_ford_graphs():
     task = clrs.ClrsTask(clrs.ClrsConfig("bellman_ford", test_nodes=(20,), eval_size=6))
     arrays = task.source("test_20")

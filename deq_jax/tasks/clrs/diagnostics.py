@@ -137,21 +137,25 @@ def pointer_errors(
         out["non_neighbour_share"] = float(stray.sum() / errors)
     if weights is not None:
         weights = np.asarray(weights, np.float64)
-        cost = _path_costs(targets, weights, depths)
+        # Nodes outside every tree (self-pointers without children) have no path: inf.
+        child = (targets[:, None, :] == np.arange(n)[None, :, None]) & (targets != nodes)[:, None]
+        in_tree = (depths > 0) | child.any(-1)
+        cost = np.where(in_tree, _path_costs(targets, weights, depths), np.inf)
         through = cost[rows, predicted] + weights[rows, predicted, nodes]
-        excess = (through - cost)[
-            wrong & (predicted != nodes) & (weights[rows, predicted, nodes] > 0)
-        ]
+        linked = weights[rows, predicted, nodes] > 0
+        scored = wrong & (predicted != nodes) & linked & in_tree & np.isfinite(through)
+        excess = through[scored] - cost[scored]  # a parent outside the tree has no path
         out["excess_median"] = float(np.median(excess)) if excess.size else None
         for threshold in EXCESS_THRESHOLDS:
             out[f"excess_below_{threshold:g}"] = float((excess < threshold).sum() / errors)
         # Near-ties in the data: nodes with another neighbour whose path is almost as short.
         others = (weights > 0) & (np.arange(n)[:, None] != nodes)[None]  # [g, u, v], u != v
         others &= np.arange(n)[None, :, None] != targets[:, None, :]  # u is not v's parent
-        alternative = np.where(others, cost[:, :, None] + weights, np.inf).min(1) - cost
+        best_other = np.where(others, cost[:, :, None] + weights, np.inf).min(1)
         has_parent = targets != nodes  # roots and unreached nodes have no path to tie
+        alternative = np.where(has_parent, best_other - np.where(has_parent, cost, 0.0), np.inf)
         for threshold in EXCESS_THRESHOLDS:
-            tied = has_parent & (alternative < threshold)
+            tied = alternative < threshold
             accuracy = float(right[tied].mean()) if tied.any() else None
             out[f"near_tie_share_{threshold:g}"] = float(tied.mean())
             out[f"near_tie_accuracy_{threshold:g}"] = accuracy
