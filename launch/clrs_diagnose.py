@@ -3,10 +3,11 @@
 Loads the latest checkpoint of a CLRS run (nothing is trained), predicts every graph
 of the chosen splits and prints, per split: the score, the accuracy by depth in the
 true tree, the share of wrong parents that reverse a tree edge or are no neighbour,
-and, for Bellman-Ford and Dijkstra, how much longer the path through the predicted
-parent is (near-ties). For MST-Prim it adds the lightest-neighbour rule's score
-(`ClrsTask.lightest_neighbour_score`). Writes ``{workdir}/clrs_diagnostics.json`` and
-``clrs_diagnostics.png`` (accuracy against depth in the true tree, one line per split).
+the accuracy by the node's number of neighbours and, for Bellman-Ford and Dijkstra, how
+much longer the path through the predicted parent is (near-ties). For MST-Prim it adds
+the lightest-neighbour rule's score (`ClrsTask.lightest_neighbour_score`). Writes
+``{workdir}/clrs_diagnostics.json`` and ``clrs_diagnostics.png`` (accuracy against depth
+in the true tree, one line per split).
 
 Usage (pass the config and overrides the run was trained with)::
 
@@ -117,13 +118,18 @@ def format_split(split: str, result: dict) -> str:
             f"  near-ties (another parent within 0.01): {100 * result['near_tie_share_0.01']:.1f}%"
             " of nodes, scored " + ("-" if accuracy is None else f"{100 * accuracy:.1f}")
         )
-    cells = [
-        f"{b['depths']}: {100 * b['share']:.0f}% of nodes, "
-        + ("-" if b["accuracy"] is None else f"{100 * b['accuracy']:.1f}")
-        for b in result["by_depth"]
-        if b["nodes"]
-    ]
-    lines.append("  accuracy by depth in the true tree: " + "; ".join(cells))
+    for key, name, title in (
+        ("by_depth", "depths", "depth in the true tree"),
+        ("by_degree", "degrees", "neighbours"),
+    ):
+        cells = [
+            f"{b[name]}: {100 * b['share']:.0f}% of nodes, "
+            + ("-" if b["accuracy"] is None else f"{100 * b['accuracy']:.1f}")
+            for b in result.get(key, [])
+            if b["nodes"]
+        ]
+        if cells:
+            lines.append(f"  accuracy by {title}: " + "; ".join(cells))
     return "\n".join(lines)
 
 

@@ -42,6 +42,9 @@ def test_pointer_errors_known_answers():
     # Node 1 is the one near-tie (0.505 against 0.5); no other node has a path within 0.05.
     assert out["near_tie_share_0.01"] == out["near_tie_share_0.05"] == 0.25
     assert out["near_tie_accuracy_0.01"] == 0.0
+    degree = {b["degrees"]: b for b in out["by_degree"]}  # degrees 2, 2, 3, 1
+    assert degree["1-2"]["nodes"] == 3 and degree["1-2"]["accuracy"] == pytest.approx(1 / 3)
+    assert degree["3-4"]["nodes"] == 1 and degree["3-4"]["accuracy"] == 0.0
     depth = {b["depths"]: b for b in out["by_depth"]}
     assert depth["0-0"]["accuracy"] == 1.0 and depth["0-0"]["share"] == 0.25
     assert depth["1-2"]["accuracy"] == 0.0 and depth["1-2"]["nodes"] == 3

@@ -4,8 +4,9 @@ A pointer output (``pi``: each node's parent, the root pointing at itself) is sc
 by CLRS as the fraction of right parents. That number alone does not say why a model
 trained on 16-node graphs loses accuracy on 64-node ones. `pointer_errors` splits it:
 
-* accuracy by the node's depth in the true tree (hops to the root): larger graphs have
-  deeper trees than the training set shows;
+* accuracy by the node's depth in the true tree (hops to the root) and by its number of
+  neighbours: larger graphs have deeper trees and, on CLRS's Erdős-Rényi graphs, more
+  neighbours per node than the training set shows;
 * the share of wrong parents that are the node's child in the true tree (the model found
   the tree edge but oriented it away from the root), or not a neighbour at all;
 * for the shortest-path algorithms (``weights`` given), how much longer the path through
@@ -25,6 +26,8 @@ import numpy as np
 
 # Depth bins (inclusive ranges of hops to the root) of `pointer_errors`.
 DEPTH_BINS = ((0, 0), (1, 2), (3, 5), (6, 9), (10, 15), (16, None))
+# Degree bins (inclusive ranges of neighbours, self-loops not counted).
+DEGREE_BINS = ((0, 0), (1, 2), (3, 4), (5, 8), (9, 16), (17, None))
 # Path-cost excess thresholds of `pointer_errors` (edge weights of CLRS lie in [0, 1]).
 EXCESS_THRESHOLDS = (0.01, 0.05)
 
@@ -76,6 +79,22 @@ def _path_costs(parents: np.ndarray, weights: np.ndarray, depths: np.ndarray) ->
     return cost
 
 
+def _binned(right: np.ndarray, values: np.ndarray, bins, name: str) -> list[dict]:
+    """Share, accuracy and node count of the nodes whose ``values`` fall in each bin."""
+    out = []
+    for low, high in bins:
+        inside = (values >= low) & (values <= (np.inf if high is None else high))
+        out.append(
+            {
+                name: f"{low}+" if high is None else f"{low}-{high}",
+                "share": float(inside.mean()),
+                "accuracy": float(right[inside].mean()) if inside.any() else None,
+                "nodes": int(inside.sum()),
+            }
+        )
+    return out
+
+
 def pointer_errors(
     predicted: np.ndarray,
     targets: np.ndarray,
@@ -83,6 +102,7 @@ def pointer_errors(
     adjacency: np.ndarray | None = None,
     weights: np.ndarray | None = None,
     depth_bins: Sequence[tuple[int, int | None]] = DEPTH_BINS,
+    degree_bins: Sequence[tuple[int, int | None]] = DEGREE_BINS,
 ) -> dict:
     """The breakdown of a pointer output's errors (module docstring).
 
@@ -95,11 +115,13 @@ def pointer_errors(
         algorithm (Bellman-Ford, Dijkstra); with it, the path-cost excess of the
         predicted parents.
       depth_bins: inclusive ``(low, high)`` depth ranges (``high=None``: no bound).
+      degree_bins: the same for the node's number of neighbours (with ``adjacency``).
 
     Returns:
       ``{"accuracy", "nodes", "errors", "by_depth": [{"depths", "share", "accuracy",
-      "nodes"}], "reversed_share", ["non_neighbour_share"], ["excess_median",
-      "excess_below_<t>", "near_tie_share_<t>", "near_tie_accuracy_<t>"]}``: the
+      "nodes"}], "reversed_share", ["non_neighbour_share", "by_degree"], ["excess_median",
+      "excess_below_<t>", "near_tie_share_<t>", "near_tie_accuracy_<t>"]}`` with
+      ``by_degree`` binned like ``by_depth`` (key ``"degrees"``): the
       ``*_share`` of errors are fractions of the errors, ``share`` of a bin the fraction
       of all nodes in it (``accuracy`` ``None`` for an empty bin); a node is a near-tie
       when a neighbour other than its parent offers a path at most ``t`` longer, and
@@ -117,24 +139,17 @@ def pointer_errors(
     wrong = ~right
     depths = tree_depths(targets)
     out: dict = dict(accuracy=float(right.mean()), nodes=int(right.size), errors=int(wrong.sum()))
-    out["by_depth"] = []
-    for low, high in depth_bins:
-        inside = (depths >= low) & (depths <= (np.inf if high is None else high))
-        out["by_depth"].append(
-            dict(
-                depths=f"{low}+" if high is None else f"{low}-{high}",
-                share=float(inside.mean()),
-                accuracy=float(right[inside].mean()) if inside.any() else None,
-                nodes=int(inside.sum()),
-            )
-        )
+    out["by_depth"] = _binned(right, depths, depth_bins, "depths")
     errors = max(int(wrong.sum()), 1)
     reversed_edge = targets[rows, predicted] == nodes  # the predicted parent is my child
     out["reversed_share"] = float((wrong & reversed_edge & (predicted != nodes)).sum() / errors)
     if adjacency is not None:
-        linked = np.asarray(adjacency)[rows, predicted, nodes] != 0
+        adjacency = np.asarray(adjacency) != 0
+        linked = adjacency[rows, predicted, nodes]
         stray = wrong & ~linked & (predicted != nodes)
         out["non_neighbour_share"] = float(stray.sum() / errors)
+        degrees = (adjacency & ~np.eye(n, dtype=bool)).sum(1)  # in-neighbours of each node
+        out["by_degree"] = _binned(right, degrees, degree_bins, "degrees")
     if weights is not None:
         weights = np.asarray(weights, np.float64)
         # Nodes outside every tree (self-pointers without children) have no path: inf.
