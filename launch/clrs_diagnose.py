@@ -37,8 +37,8 @@ OUTPUT = "clrs_diagnostics"  # .json and .png
 MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 
 
-def predictions(run: Any, split: str, batch_size: int) -> dict[str, np.ndarray]:
-    """The model's parents and the batch arrays of every real example of ``split``."""
+def predictor(run: Any) -> Callable[[Any, dict], Any]:
+    """The jitted ``(variables, batch) -> parents`` of the run's model at its eval budget."""
     import jax
 
     extras = tuple(run.task.batch_extras)
@@ -50,6 +50,15 @@ def predictions(run: Any, split: str, batch_size: int) -> dict[str, np.ndarray]:
         )
         return outputs.argmax(-1)
 
+    return predict
+
+
+def predictions(
+    run: Any, split: str, batch_size: int, predict: Callable[[Any, dict], Any]
+) -> dict[str, np.ndarray]:
+    """The model's parents (``predict``, `predictor`) and the batch arrays of every real
+    example of ``split``."""
+    extras = tuple(run.task.batch_extras)
     keep = ("targets", "inputs", "input_A")
     parts: dict[str, list[np.ndarray]] = {"predicted": [], **{k: [] for k in keep}}
     for batch in run.task.eval_iterator(split, batch_size):
@@ -80,9 +89,10 @@ def diagnose_run(
     if run.start_step == 0:
         raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} to diagnose.")
     algorithm = config.task.algorithm
+    predict = predictor(run)  # one jitted function: splits of one size share its compilation
     report = {}
     for split in tuple(splits) or tuple(run.task.eval_splits):
-        arrays = predictions(run, split, config.eval.batch_size)
+        arrays = predictions(run, split, config.eval.batch_size, predict)
         weighted = algorithm in SHORTEST_PATHS
         result = diagnostics.pointer_errors(
             arrays["predicted"],

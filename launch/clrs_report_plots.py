@@ -57,10 +57,11 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
         )
         left.plot(nodes, [100 * p["score"] for p in points], **style)
         right.plot(nodes, [p["nstep_mean"] for p in points], **style)
+    references = {}
     for algorithm in algorithms:
         goal = next(r["goal"] for r in rows if r["algorithm"] == algorithm)
         left.scatter([64], [goal], marker="x", s=60, color=colours[algorithm])
-        reference = _reference_points(rows, algorithm)
+        reference = references[algorithm] = _reference_points(rows, algorithm)
         if reference:
             nodes, scores = zip(*reference, strict=True)
             label = f"{algorithm} reference rule"
@@ -72,7 +73,7 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes per graph")
     right.legend(fontsize=6, ncol=2)
-    if any(_reference_points(rows, a) for a in algorithms):
+    if any(references.values()):
         left.legend(fontsize=6, handles=[h for h in left.lines if "reference" in h.get_label()])
     trained = {r["splits"]["val"]["nodes"] for r in rows if "val" in r.get("splits", {})}
     fig.suptitle(f"CLRS: trained on {', '.join(map(str, sorted(trained)))} nodes")

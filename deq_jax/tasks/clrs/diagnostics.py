@@ -34,11 +34,11 @@ EXCESS_THRESHOLDS = (0.01, 0.05)
 
 def _check_parents(parents: np.ndarray) -> np.ndarray:
     parents = np.asarray(parents)
-    n = parents.shape[-1]
     if parents.ndim != 2 or not np.issubdtype(parents.dtype, np.integer):
         raise ValueError(
             f"Parents must be integer [graphs, nodes], got {parents.dtype} {parents.shape}."
         )
+    n = parents.shape[-1]
     if parents.size and (parents.min() < 0 or parents.max() >= n):
         raise ValueError(f"Parents must be node indices in [0, {n}).")
     return parents
@@ -140,7 +140,7 @@ def pointer_errors(
     depths = tree_depths(targets)
     out: dict = dict(accuracy=float(right.mean()), nodes=int(right.size), errors=int(wrong.sum()))
     out["by_depth"] = _binned(right, depths, depth_bins, "depths")
-    errors = max(int(wrong.sum()), 1)
+    errors = max(out["errors"], 1)  # the denominator of the error shares
     reversed_edge = targets[rows, predicted] == nodes  # the predicted parent is my child
     out["reversed_share"] = float((wrong & reversed_edge & (predicted != nodes)).sum() / errors)
     if adjacency is not None:
@@ -168,7 +168,8 @@ def pointer_errors(
         others &= np.arange(n)[None, :, None] != targets[:, None, :]  # u is not v's parent
         best_other = np.where(others, cost[:, :, None] + weights, np.inf).min(1)
         has_parent = targets != nodes  # roots and unreached nodes have no path to tie
-        alternative = np.where(has_parent, best_other - np.where(has_parent, cost, 0.0), np.inf)
+        alternative = np.full(targets.shape, np.inf)  # how much longer the best other path is
+        alternative[has_parent] = best_other[has_parent] - cost[has_parent]
         for threshold in EXCESS_THRESHOLDS:
             tied = alternative < threshold
             accuracy = float(right[tied].mean()) if tied.any() else None
