@@ -18,7 +18,14 @@ from deq_jax.nn.clrs_codec import (
 )
 from deq_jax.nn.clrs_loops import run_fixed_steps, unroll_to_fixed_point
 from deq_jax.nn.clrs_model import AUX_LOSS, ClrsModel
-from deq_jax.nn.clrs_processors import MPNN, ProcessorInputs, TripletMPNN, max_reduce, min_update
+from deq_jax.nn.clrs_processors import (
+    MPNN,
+    ProcessorInputs,
+    TripletMPNN,
+    common_neighbour_max,
+    max_reduce,
+    min_update,
+)
 from deq_jax.solvers.anderson import anderson
 from deq_jax.tasks import clrs
 
@@ -95,6 +102,47 @@ def test_adjacency_aggregation_ignores_non_neighbours():
     assert not np.allclose(
         full.apply(variables, z, x)[:, 1:], full.apply(variables, z.at[:, 0].add(5.0), x)[:, 1:]
     )
+
+
+def test_common_neighbour_max_matches_a_loop():
+    k1, k2 = jax.random.split(KEY)
+    b, n, f = 2, 5, 3
+    triplets = jax.random.normal(k1, (b, n, n, n, f))
+    adj = jax.random.bernoulli(k2, 0.4, (b, n, n)).astype(jnp.float32)
+    adj = jnp.maximum(adj, jnp.eye(n))
+    adj = adj.at[0, 3].set(0.0).at[0, :, 4].set(0.0).at[0, 3, 3].set(1.0)  # node 3 hears none
+    got = np.asarray(common_neighbour_max(triplets, adj))
+    want = np.zeros((b, n, n, f))
+    t, a = np.asarray(triplets), np.asarray(adj)
+    for g in range(b):
+        for j in range(n):
+            for k in range(n):
+                common = [i for i in range(n) if a[g, i, j] and a[g, i, k]]
+                if common:
+                    want[g, j, k] = t[g, common, j, k].max(axis=0)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert not np.any(want[0, 3, 4])  # a pair without a common neighbour gets zeros
+
+
+def test_triplet_neighbours_ignore_non_neighbours_and_stay_equivariant():
+    x, z = processor_inputs(n=5)
+    cell = TripletMPNN(hidden=H, triplet_features=4, triplet_neighbours=True)
+    variables = cell.init(KEY, z, x)
+    out = cell.apply(variables, z, x)
+    perm = jnp.array([3, 0, 4, 1, 2])
+    permuted = cell.apply(variables, z[:, perm], permute(x, perm))
+    np.testing.assert_allclose(permuted, out[:, perm], atol=1e-5)
+    # Self-loops only: a node hears itself and its triplets see only itself, so
+    # another node's state cannot reach it -- unlike the plain triplet max over every node.
+    x = x._replace(adjacency=jnp.broadcast_to(jnp.eye(5), (2, 5, 5)))
+    out = cell.apply(variables, z, x)
+    other = cell.apply(variables, z.at[:, 0].add(5.0), x)
+    np.testing.assert_allclose(out[:, 1:], other[:, 1:], atol=1e-6)
+    plain = TripletMPNN(hidden=H, triplet_features=4)
+    changed = plain.apply(variables, z.at[:, 0].add(5.0), x)[:, 1:]
+    assert not np.allclose(plain.apply(variables, z, x)[:, 1:], changed)
+    with pytest.raises(ValueError, match="triplet_neighbours"):
+        MPNN(hidden=H, triplet_neighbours=True)
 
 
 def test_min_update_and_softmin():

@@ -85,6 +85,7 @@ class ClrsModel(nn.Module):
       processor: ``"mpnn"``, ``"gmpnn"`` (gated) or ``"triplet_mpnn"``.
       hidden: the width ``H`` of embeddings and node states.
       triplet_features: the Triplet-MPNN's triplet width.
+      triplet_neighbours: the Triplet-MPNN's triplet max over common neighbours only.
       aggregation: the processor's ``"adjacency"`` or ``"full"`` max aggregation.
       mode: ``"deq"``, ``"hint_propagation"`` or ``"fixed_steps"``.
       min_update: the cell's min update; ``softmin_tau > 0`` makes it smooth.
@@ -117,6 +118,7 @@ class ClrsModel(nn.Module):
     processor: str = "mpnn"
     hidden: int = 64
     triplet_features: int = 8
+    triplet_neighbours: bool = False
     aggregation: str = "adjacency"
     mode: str = "deq"
     min_update: bool = False
@@ -165,6 +167,7 @@ class ClrsModel(nn.Module):
         kwargs.update(min_update=self.min_update, softmin_tau=self.softmin_tau)
         if self.processor == "triplet_mpnn":
             kwargs["triplet_features"] = self.triplet_features
+            kwargs["triplet_neighbours"] = self.triplet_neighbours
         return tuple(kwargs.items())
 
     def _budget(self, train: bool, max_iter: int | None) -> int:

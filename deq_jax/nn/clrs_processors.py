@@ -15,10 +15,12 @@ encoded node, edge and graph features and the adjacency. With ``h_i = [x_i, z_i]
 
 Triplet messages (Dudzik & Veličković 2022; Ibarz et al. 2022): ``t_ijk = T_1 h_i +
 T_2 h_j + T_3 h_k + T_e1 e_ij + T_e2 e_ik + T_e3 e_jk + T_g g`` (``triplet_features``
-wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair. CLRS's code hands these
-latents to its decoders only; here they also enter the messages, so they shape the
-fixed point the DEQ solves for, and ``cell(z, x, return_edges=True)`` hands them out for
-the decoders too (`deq_jax.nn.clrs_model.ClrsModel`'s ``decode_edge_latents``).
+wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair (with
+``triplet_neighbours`` the max runs over the common neighbours ``i`` of ``j`` and ``k``
+only, `common_neighbour_max`). CLRS's code hands these latents to its decoders only;
+here they also enter the messages, so they shape the fixed point the DEQ solves for,
+and ``cell(z, x, return_edges=True)`` hands them out for the decoders too
+(`deq_jax.nn.clrs_model.ClrsModel`'s ``decode_edge_latents``).
 
 Update rules from the CLRS DEQ study (Xhonneux et al. 2024): ``min_update`` replaces
 the proposal ``p = step(z)`` by ``min(z, p)`` (elementwise), making the iteration
@@ -124,6 +126,23 @@ def masked_max(messages: jax.Array, adjacency: jax.Array) -> jax.Array:
     return max_reduce(jnp.where(keep, messages, -_BIG), 1)
 
 
+def common_neighbour_max(triplets: jax.Array, adjacency: jax.Array) -> jax.Array:
+    """``t_jk = max_{i: adj_ij = adj_ik = 1} t_ijk``, 0 where ``j`` and ``k`` share none.
+
+    Args:
+      triplets: ``[B, n, n, n, F]``, ``triplets[:, i, j, k]``.
+      adjacency: ``[B, n, n]`` 0/1 (with self-loops, so ``j`` itself counts when
+        ``adj_jk = 1``).
+
+    Returns:
+      ``[B, n, n, F]``.
+    """
+    linked = adjacency > 0.5
+    keep = (linked[:, :, :, None] & linked[:, :, None, :])[..., None]  # [B, i, j, k, 1]
+    pooled = max_reduce(jnp.where(keep, triplets, -_BIG), 1)
+    return jnp.where(jnp.any(keep, axis=1), pooled, 0.0)
+
+
 def triplet_messages(
     h: jax.Array, edge: jax.Array, graph: jax.Array, features: int, dense: Any
 ) -> jax.Array:
@@ -161,6 +180,9 @@ class MPNN(nn.Module):
       gated: gate the update (Ibarz et al. 2022).
       use_triplets: add triplet edge latents to the messages.
       triplet_features: the width of ``t_ijk``.
+      triplet_neighbours: take the triplet max over the common neighbours ``i`` of
+        ``j`` and ``k`` only (`common_neighbour_max`) instead of every node, so the
+        latent of a pair does not see more candidates as the graph grows.
       min_update: ``z' = min(z, step(z))`` (see `min_update`).
       softmin_tau: with ``min_update``, the smooth min's temperature (0: hard min).
       param_dtype: dtype of the parameters.
@@ -176,6 +198,7 @@ class MPNN(nn.Module):
     gated: bool = False
     use_triplets: bool = False
     triplet_features: int = 8
+    triplet_neighbours: bool = False
     min_update: bool = False
     softmin_tau: float = 0.0
     param_dtype: Any = jnp.float32
@@ -187,6 +210,8 @@ class MPNN(nn.Module):
             )
         if self.softmin_tau < 0:
             raise ValueError(f"softmin_tau must be >= 0, got {self.softmin_tau}.")
+        if self.triplet_neighbours and not self.use_triplets:
+            raise ValueError(f"triplet_neighbours needs use_triplets=True ({type(self).__name__}).")
         super().__post_init__()
 
     def state_spec(self, x: ProcessorInputs) -> jax.ShapeDtypeStruct:
@@ -228,7 +253,11 @@ class MPNN(nn.Module):
         )  # [B, n, n, H], [:, i, j] from i to j
         if self.use_triplets:
             triplets = triplet_messages(h, x.edge, x.graph, self.triplet_features, self._dense)
-            latents = self._dense(width, "triplet_out")(max_reduce(triplets, 1))  # [B, n, n, H]
+            if self.triplet_neighbours:
+                pooled = common_neighbour_max(triplets, x.adjacency)
+            else:
+                pooled = max_reduce(triplets, 1)
+            latents = self._dense(width, "triplet_out")(pooled)  # [B, n, n, H]
             latents = nn.relu(latents)
             messages = messages + latents
         messages = self._dense(width, "msg_mlp_1")(nn.relu(messages))
