@@ -115,8 +115,9 @@ def masked_max(messages: jax.Array, adjacency: jax.Array) -> jax.Array:
     """``a[:, j] = max_{i: adjacency[:, i, j] = 1} messages[:, i, j]``.
 
     Args:
-      messages: ``[B, n, n, H]``, ``messages[:, i, j]`` from sender ``i`` to ``j``.
-      adjacency: ``[B, n, n]`` 0/1.
+      messages: ``[B, n, n, H]``, ``messages[:, i, j]`` from sender ``i`` to ``j``
+        (or ``[B, n, ..., H]`` with more receiver axes, as the triplets).
+      adjacency: ``[B, n, n]`` 0/1 (or ``[B, n, ...]``, the messages' shape without H).
 
     Returns:
       ``[B, n, H]``; a node without neighbours gets ``-1e6`` (the adjacency of CLRS
@@ -137,10 +138,9 @@ def common_neighbour_max(triplets: jax.Array, adjacency: jax.Array) -> jax.Array
     Returns:
       ``[B, n, n, F]``.
     """
-    linked = adjacency > 0.5
-    keep = (linked[:, :, :, None] & linked[:, :, None, :])[..., None]  # [B, i, j, k, 1]
-    pooled = max_reduce(jnp.where(keep, triplets, -_BIG), 1)
-    return jnp.where(jnp.any(keep, axis=1), pooled, 0.0)
+    common = adjacency[:, :, :, None] * adjacency[:, :, None, :]  # [B, i, j, k]
+    pooled = masked_max(triplets, common)
+    return jnp.where(jnp.any(common > 0.5, axis=1)[..., None], pooled, 0.0)
 
 
 def triplet_messages(
