@@ -1,13 +1,17 @@
-"""Breaks a trained CLRS pointer model's errors down (`deq_jax.tasks.clrs.diagnostics`).
+"""Breaks a trained CLRS model's errors down (`deq_jax.tasks.clrs.diagnostics`).
 
 Loads the latest checkpoint of a CLRS run (nothing is trained), predicts every graph
 of the chosen splits and prints, per split: the score, the accuracy by depth in the
 true tree, the share of wrong parents that reverse a tree edge or are no neighbour,
 the accuracy by the node's number of neighbours and, for Bellman-Ford and Dijkstra, how
 much longer the path through the predicted parent is (near-ties). For MST-Prim it adds
-the lightest-neighbour rule's score (`ClrsTask.lightest_neighbour_score`). Writes
-``{workdir}/clrs_diagnostics.json`` and ``clrs_diagnostics.png`` (accuracy against depth
-in the true tree, one line per split).
+the lightest-neighbour rule's score (`ClrsTask.lightest_neighbour_score`). For
+MST-Kruskal's edge mask it prints which edges the model keeps (`edge_mask_errors`: the
+tree edges, the non-tree edges that are a triangle's heaviest, the other non-tree
+edges) and the F1 of keeping every edge and of dropping the triangles' heaviest. Writes
+``{workdir}/clrs_diagnostics.json`` and ``clrs_diagnostics.png`` (pointers: accuracy
+against depth in the true tree, one line per split; Kruskal: the kept and dropped
+shares per split).
 
 Usage (pass the config and overrides the run was trained with)::
 
@@ -38,7 +42,8 @@ MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 
 
 def predictor(run: Any) -> Callable[[Any, dict], Any]:
-    """The jitted ``(variables, batch) -> parents`` of the run's model at its eval budget."""
+    """The jitted ``(variables, batch) -> parents`` (or Kruskal's 0/1 edge mask) of the
+    run's model at its eval budget."""
     import jax
 
     extras = tuple(run.task.batch_extras)
@@ -56,8 +61,8 @@ def predictor(run: Any) -> Callable[[Any, dict], Any]:
 def predictions(
     run: Any, split: str, batch_size: int, predict: Callable[[Any, dict], Any]
 ) -> dict[str, np.ndarray]:
-    """The model's parents (``predict``, `predictor`) and the batch arrays of every real
-    example of ``split``."""
+    """The model's parents or edge mask (``predict``, `predictor`) and the batch arrays
+    of every real example of ``split``."""
     extras = tuple(run.task.batch_extras)
     keep = ("targets", "inputs", "input_A")
     parts: dict[str, list[np.ndarray]] = {"predicted": [], **{k: [] for k in keep}}
@@ -73,17 +78,18 @@ def predictions(
 def diagnose_run(
     config: Any, workdir: str, splits: Sequence[str] = (), emit: Callable[[str], None] = print
 ) -> dict[str, dict]:
-    """`pointer_errors` of every split of the trained run in ``workdir``.
+    """`pointer_errors` (Kruskal: `edge_mask_errors`) of every split of the trained run
+    in ``workdir``.
 
     Raises:
       FileNotFoundError: if the workdir holds no checkpoint.
-      ValueError: for a task other than a CLRS pointer output (Kruskal's edge mask).
+      ValueError: for a task other than CLRS.
     """
     from deq_jax.tasks.clrs import diagnostics
     from deq_jax.training import setup
 
-    if config.task.name != "clrs" or config.task.algorithm == "mst_kruskal":
-        raise ValueError("clrs_diagnose takes a CLRS run with a pointer output (not Kruskal).")
+    if config.task.name != "clrs":
+        raise ValueError(f"clrs_diagnose takes a CLRS run, not {config.task.name!r}.")
     run = setup(config, workdir)
     run.checkpointer.close()
     if run.start_step == 0:
@@ -93,6 +99,15 @@ def diagnose_run(
     report = {}
     for split in tuple(splits) or tuple(run.task.eval_splits):
         arrays = predictions(run, split, config.eval.batch_size, predict)
+        if algorithm == "mst_kruskal":
+            report[split] = diagnostics.edge_mask_errors(
+                arrays["predicted"],
+                arrays["targets"],
+                adjacency=arrays["inputs"],
+                weights=arrays["input_A"],
+            )
+            emit(format_split(split, report[split]))
+            continue
         weighted = algorithm in SHORTEST_PATHS
         result = diagnostics.pointer_errors(
             arrays["predicted"],
@@ -107,8 +122,30 @@ def diagnose_run(
     return report
 
 
+def format_edge_split(split: str, result: dict) -> str:
+    """One split's edge-mask breakdown (`edge_mask_errors`) as a few lines of text."""
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
+    return "\n".join(
+        [
+            f"{split}: F1 {100 * result['score']:.1f} (true / false positives "
+            f"{result['true_positives']} / {result['false_positives']}, false negatives "
+            f"{result['false_negatives']}, ordered pairs)",
+            f"  tree edges kept: {pct(result['tree_kept'])} of {result['tree_edges']}; "
+            f"non-tree edges dropped: {pct(result['non_tree_dropped'])} of "
+            f"{result['non_tree_edges']} (a triangle's heaviest: "
+            f"{pct(result['triangle_dropped'])} of {result['triangle_edges']}; the others: "
+            f"{pct(result['cycle_dropped'])} of {result['cycle_edges']}); non-edges kept: "
+            f"{result['non_edges_kept']}",
+            f"  rules: keep every edge {100 * result['all_edges_score']:.1f}, drop each "
+            f"triangle's heaviest {100 * result['triangle_rule_score']:.1f}",
+        ]
+    )
+
+
 def format_split(split: str, result: dict) -> str:
     """One split's breakdown as a few lines of text."""
+    if "tree_kept" in result:
+        return format_edge_split(split, result)
     lines = [
         f"{split}: score {100 * result['accuracy']:.1f} ({result['errors']} wrong of "
         f"{result['nodes']}); wrong parents: {100 * result['reversed_share']:.0f}% reverse a "
@@ -154,6 +191,12 @@ def write_figure(report: dict[str, dict], path: str) -> str:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    if "tree_kept" in next(iter(report.values())):
+        _edge_bars(ax, report)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
     labels = [b["depths"] for b in next(iter(report.values()))["by_depth"]]
     for split, result in report.items():
         bins = enumerate(result["by_depth"])
@@ -172,6 +215,25 @@ def write_figure(report: dict[str, dict], path: str) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _edge_bars(ax: Any, report: dict[str, dict]) -> None:
+    """Kruskal: per split, the share of tree edges kept and of non-tree edges dropped."""
+    kinds = (
+        ("tree_kept", "tree edges kept"),
+        ("triangle_dropped", "triangle-heaviest edges dropped"),
+        ("cycle_dropped", "other non-tree edges dropped"),
+    )
+    width = 0.8 / len(kinds)
+    for k, (key, label) in enumerate(kinds):
+        values = [100 * (r[key] or 0.0) for r in report.values()]
+        ax.bar(np.arange(len(report)) + (k - 1) * width, values, width, label=label)
+    ax.set_xticks(
+        range(len(report)), [f"{s} (F1 {100 * r['score']:.1f})" for s, r in report.items()]
+    )
+    ax.set_ylabel("share (%)")
+    ax.set_ylim(0, 120)  # room for the legend above the bars
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
 
 
 def main(argv: Sequence[str]) -> None:

@@ -82,3 +82,66 @@ def test_tree_path_costs_are_the_shortest_distances_on_bellman_ford_graphs():
     # The true parents have no excess: the breakdown of a perfect model is empty.
     out = diagnostics.pointer_errors(targets, targets, weights=weights)
     assert out["accuracy"] == 1.0 and out["excess_median"] is None
+
+
+def test_triangle_heaviest_equals_a_loop_over_triangles():
+    rng = np.random.default_rng(0)
+    g, n = 3, 9
+    upper = np.triu(rng.random((g, n, n)) < 0.4, 1)
+    adjacency = (upper | upper.transpose(0, 2, 1)).astype(np.float32)
+    w = np.triu(rng.random((g, n, n)), 1)
+    weights = (w + w.transpose(0, 2, 1)) * adjacency
+    expected = np.zeros((g, n, n), bool)
+    for b in range(g):
+        for i in range(n):
+            for j in range(n):
+                for k in range(n):
+                    if (
+                        len({i, j, k}) == 3
+                        and adjacency[b, i, j] * adjacency[b, i, k] * adjacency[b, j, k]
+                    ):
+                        expected[b, j, k] |= weights[b, j, k] > max(
+                            weights[b, i, j], weights[b, i, k]
+                        )
+    got = diagnostics.triangle_heaviest(adjacency, weights)
+    np.testing.assert_array_equal(got, expected)
+    assert expected.any() and (got == got.transpose(0, 2, 1)).all()
+
+
+def test_edge_mask_errors_known_answers():
+    # A triangle 0-1-2 (heaviest 0-2) and a 4-cycle 3-4-5-6 (heaviest 3-6): each drops
+    # its heaviest edge from the tree.
+    n = 7
+    adjacency, weights, tree = np.eye(n), np.zeros((n, n)), np.zeros((n, n), int)
+    for (i, j), w, in_tree in (
+        ((0, 1), 0.1, 1),
+        ((1, 2), 0.2, 1),
+        ((0, 2), 0.3, 0),
+        ((3, 4), 0.1, 1),
+        ((4, 5), 0.2, 1),
+        ((5, 6), 0.3, 1),
+        ((3, 6), 0.4, 0),
+    ):
+        adjacency[i, j] = adjacency[j, i] = 1
+        weights[i, j] = weights[j, i] = w
+        tree[i, j] = tree[j, i] = in_tree
+    keep = (adjacency > 0) & ~np.eye(n, dtype=bool)
+    keep[0, 2] = keep[2, 0] = keep[3, 4] = keep[4, 3] = False  # drop 0-2 (right), 3-4 (wrong)
+    result = diagnostics.edge_mask_errors(
+        keep[None], tree[None], adjacency=adjacency[None], weights=weights[None]
+    )
+    assert (result["true_positives"], result["false_positives"], result["false_negatives"]) == (
+        8,
+        2,
+        2,
+    )
+    assert result["score"] == pytest.approx(16 / 20)
+    assert (result["tree_edges"], result["tree_kept"]) == (10, pytest.approx(0.8))
+    assert (result["non_tree_edges"], result["non_tree_dropped"]) == (4, 0.5)
+    assert (result["triangle_edges"], result["triangle_dropped"]) == (2, 1.0)
+    assert (result["cycle_edges"], result["cycle_dropped"]) == (2, 0.0)
+    assert result["non_edges_kept"] == 0
+    assert result["all_edges_score"] == pytest.approx(20 / 24)
+    assert result["triangle_rule_score"] == pytest.approx(20 / 22)
+    with pytest.raises(ValueError, match="masks"):
+        diagnostics.edge_mask_errors(keep, tree, adjacency=adjacency, weights=weights)

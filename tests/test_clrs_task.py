@@ -60,6 +60,70 @@ def test_all_edges_score_counts_every_edge_as_predicted():
         clrs.ClrsTask(clrs.ClrsConfig("bfs", eval_size=2)).all_edges_score("val")
 
 
+def test_loss_is_the_plain_cross_entropy_with_non_tree_edges_weighted():
+    from deq_jax.training.steps import classification_loss
+
+    rng = np.random.default_rng(0)
+    n = 4
+    adjacency = np.eye(n)[None].repeat(3, 0)
+    for i, j in ((0, 1), (1, 2), (0, 2), (2, 3)):  # a triangle 0-1-2 and a pendant 3
+        adjacency[:, i, j] = adjacency[:, j, i] = 1.0
+    targets = np.zeros((3, n, n), np.int32)
+    for i, j in ((0, 1), (1, 2), (2, 3)):  # the tree drops the edge 0-2
+        targets[:, i, j] = targets[:, j, i] = 1
+    logits = jnp.asarray(rng.normal(size=(3, n, n, 2)), jnp.float32)
+    mask = jnp.array([True, True, False])
+    args = (logits, jnp.asarray(targets), mask)
+    plain = clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", eval_size=2))
+    np.testing.assert_allclose(
+        plain.loss(*args, inputs=jnp.asarray(adjacency), input_A=None),
+        classification_loss(*args),
+        rtol=1e-6,
+    )
+    weighted = clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", eval_size=2), non_tree_edge_weight=5)
+    log_p = np.asarray(jax.nn.log_softmax(logits))
+    ce = -np.take_along_axis(log_p, targets[..., None], -1)[..., 0]  # [3, n, n]
+    ce[:, 0, 2] *= 5  # the non-tree edge, both directions; the diagonal is not an edge
+    ce[:, 2, 0] *= 5
+    expected = ce[:2].reshape(2, -1).mean(1).mean()
+    got = weighted.loss(*args, inputs=jnp.asarray(adjacency))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    built = tasks.get("clrs", algorithm="mst_kruskal", non_tree_edge_weight=5)
+    assert built.non_tree_edge_weight == 5
+    with pytest.raises(ValueError, match=">= 0"):
+        clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", eval_size=2), non_tree_edge_weight=-1)
+    with pytest.raises(ValueError, match="edge-mask output"):
+        clrs.ClrsTask(clrs.ClrsConfig("mst_prim", eval_size=2), non_tree_edge_weight=2)
+
+
+def test_prim_loss_weighs_the_parents_the_lightest_neighbour_rule_misses():
+    from deq_jax.training.steps import classification_loss
+
+    config = clrs.ClrsConfig("mst_prim", eval_size=4, test_nodes=(12,))
+    arrays = clrs.ClrsTask(config).source("val")
+    rule = np.asarray(clrs.lightest_neighbours(arrays["input_A"], arrays["input_s"]))
+    assert (rule == arrays["targets"]).mean() == clrs.ClrsTask(config).lightest_neighbour_score(
+        "val"
+    )
+    hard = rule != arrays["targets"]
+    assert 0 < hard.mean() < 0.5  # the rule misses some parents, not most
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(4, 16, 16)), jnp.float32)
+    targets, mask = jnp.asarray(arrays["targets"]), jnp.ones(4, bool)
+    extras = {k: jnp.asarray(arrays[k]) for k in ("input_A", "input_s")}
+    task = clrs.ClrsTask(config, hard_parent_weight=3)
+    got = task.loss(logits, targets, mask, inputs=jnp.asarray(arrays["inputs"]), **extras)
+    ce = -np.take_along_axis(
+        np.asarray(jax.nn.log_softmax(logits)), arrays["targets"][..., None], -1
+    )
+    expected = np.where(hard, 3 * ce[..., 0], ce[..., 0]).mean()
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    plain = clrs.ClrsTask(config).loss(logits, targets, mask, inputs=None, **extras)
+    np.testing.assert_allclose(plain, classification_loss(logits, targets, mask), rtol=1e-6)
+    with pytest.raises(ValueError, match="mst_prim's parents"):
+        clrs.ClrsTask(clrs.ClrsConfig("bfs", eval_size=2), hard_parent_weight=2)
+
+
 def test_lightest_neighbour_score_is_the_local_rule_on_prim_graphs():
     task = clrs.ClrsTask(clrs.ClrsConfig("mst_prim", test_nodes=(24,), eval_size=6))
     arrays = task.source("test_24")
@@ -123,6 +187,9 @@ def test_configs_are_documented(algorithm):
     # (68.4 vs 63.1 over seeds), the rest 1.
     weight = {"mst_kruskal": 0.1, "mst_prim": 0.3}.get(algorithm, 1.0)
     assert config.regularizer.jacobian_weight == weight
+    # MST-Kruskal's loss weighs the non-tree edges 50x (84.7 / 88.7 / 87.6 vs 82.1 at 64).
+    assert config.task.non_tree_edge_weight == (50.0 if algorithm == "mst_kruskal" else 1.0)
+    tasks.get(**{**config.task.to_dict(), "data_dir": ""})  # the task accepts the section
     with pytest.raises(ValueError, match="smoke"):
         clrs_common.clrs_config(algorithm, "huge")
 
@@ -139,6 +206,9 @@ def test_configs_are_documented(algorithm):
 def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
     config = clrs_common.clrs_config(algorithm, "smoke")
     config.model.mode = mode
+    kruskal = algorithm == "mst_kruskal"
+    if kruskal:
+        config.task.non_tree_edge_weight = 5.0  # the weighted loss through the loop
     if mode == "fixed_steps":
         config.regularizer.jacobian_weight = 0.0  # no fixed point to regularise
         config.model.decode_edge_latents = False
@@ -154,3 +224,14 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
         np.testing.assert_allclose(last["loss"], last["task_loss"] + last["aux_loss"], rtol=1e-5)
     else:
         assert all("aux_loss" not in r for r in train)
+    if kruskal:  # the edge-mask breakdown of the trained run agrees with its score
+        from launch import clrs_diagnose
+
+        lines = []
+        breakdown = clrs_diagnose.diagnose_run(config, str(tmp_path), ["val"], lines.append)
+        val = breakdown["val"]
+        assert val["score"] == pytest.approx(result.report["1x"]["val"]["score"], abs=1e-6)
+        assert val["tree_edges"] == val["true_positives"] + val["false_negatives"]
+        assert lines[0].startswith("val: F1")
+        figure = clrs_diagnose.write_figure(breakdown, str(tmp_path / "diagnostics.png"))
+        assert os.path.getsize(figure) > 1000

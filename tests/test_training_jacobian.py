@@ -152,6 +152,24 @@ def test_regularizer_adds_gamma_times_the_term(synthetic_run):
     assert not np.allclose(on["grad_norm"], off["grad_norm"])
 
 
+def test_a_task_loss_replaces_the_default_and_sees_the_inputs(synthetic_run):
+    run, batch = synthetic_run
+    seen = {}
+
+    def loss_fn(outputs, targets, mask, inputs, **extras):
+        seen["inputs"], seen["extras"] = inputs.shape, sorted(extras)
+        return 3.0 * regression_loss(outputs, targets, mask)
+
+    state = sharding.replicate(jax.device_get(run.state), run.mesh)
+    _, off = _step(run, batch, JacobianRegularizer())
+    step = make_train_step(
+        run.model, run.task.metrics, run.schedule, run.mesh, regression=True, loss_fn=loss_fn
+    )
+    _, tripled = step(state, batch)
+    np.testing.assert_allclose(tripled["task_loss"], 3.0 * off["task_loss"], rtol=1e-6)
+    assert seen == {"inputs": batch["inputs"].shape, "extras": []}
+
+
 def test_backward_stats_in_the_metrics(synthetic_run):
     from deq_jax import backward
 

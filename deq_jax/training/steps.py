@@ -41,6 +41,10 @@ from deq_jax.training.state import TrainState
 
 # Metrics a task computes from (outputs, targets, mask); e.g. `PrefixSumTask.metrics`.
 TaskMetrics = Callable[[jax.Array, jax.Array, jax.Array], Mapping[str, jax.Array]]
+# A task's own training loss, ``(outputs, targets, mask, inputs=..., **extras) -> scalar``
+# (e.g. `ClrsTask.loss`); tasks without one get `classification_loss` or
+# `regression_loss`.
+TaskLoss = Callable[..., jax.Array]
 
 # Rng streams a step hands to the model: dropout masks and random initial states.
 RNG_STREAMS = ("dropout", "z0")
@@ -142,6 +146,7 @@ def make_train_step(
     regularizer: JacobianRegularizer | None = None,
     interventions: PathIndependence | None = None,
     extras: tuple[str, ...] = (),
+    loss_fn: TaskLoss | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds ``train_step(state, batch) -> (state, metrics)``, jitted over ``mesh``.
 
@@ -158,6 +163,9 @@ def make_train_step(
         alignment penalty); ``None`` means none.
       extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
         task's ``batch_extras``, e.g. a graph's adjacency).
+      loss_fn: the task's loss (`TaskLoss`, e.g. `ClrsTask.loss`), called with the
+        batch's ``inputs`` and ``extras`` as keywords; ``None``: the cross-entropy (or,
+        with ``regression``, the squared error) over every output.
 
     A model that sows per-example losses ``[B]`` as ``"aux_loss"`` into
     ``"intermediates"`` (`AUX_LOSS`) has their mean over the real examples added to
@@ -182,7 +190,12 @@ def make_train_step(
     """
     reg = regularizer or JacobianRegularizer()
     pi = interventions or PathIndependence()
-    loss_of = regression_loss if regression else classification_loss
+    default_loss = regression_loss if regression else classification_loss
+
+    def task_loss_of(outputs, targets, mask, **batch):
+        if loss_fn is not None:
+            return loss_fn(outputs, targets, mask, **batch)
+        return default_loss(outputs, targets, mask)
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
@@ -208,7 +221,7 @@ def make_train_step(
             )
             new_model_state = dict(new_model_state)
             intermediates = new_model_state.pop(INTERMEDIATES, {})
-            task_loss = loss_of(outputs, targets, mask)
+            task_loss = task_loss_of(outputs, targets, mask, inputs=inputs, **extra)
             loss = task_loss
             aux_loss = sown(intermediates, AUX_LOSS, required=False)
             if aux_loss is not None:

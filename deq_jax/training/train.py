@@ -174,6 +174,7 @@ def train_and_evaluate(
             regularizer=regularizer,
             interventions=interventions,
             extras=task.batch_extras,
+            loss_fn=getattr(task, "loss", None),
         )
         spectral_step = make_spectral_step(
             model, mesh, regularizer.spectral_iters, extras=task.batch_extras

@@ -1,4 +1,5 @@
-"""Where a CLRS pointer model goes wrong: errors by tree depth, reversed edges, near-ties.
+"""Where a CLRS model goes wrong: pointer errors by tree depth, reversed edges and
+near-ties; edge-mask (MST-Kruskal) errors by the kind of edge.
 
 A pointer output (``pi``: each node's parent, the root pointing at itself) is scored
 by CLRS as the fraction of right parents. That number alone does not say why a model
@@ -13,6 +14,13 @@ trained on 16-node graphs loses accuracy on 64-node ones. `pointer_errors` split
   the predicted parent is than the shortest one: wrong parents on near-ties
   (``d(p) + w(p, v) - d(v)`` of a few thousandths) are a resolution limit, not a failure
   to run the algorithm.
+
+MST-Kruskal's output is an edge mask scored by F1. `edge_mask_errors` counts which
+edges a model keeps: the tree edges, and the non-tree edges split into those that are
+the heaviest edge of a triangle (out of the tree by the cycle property, and visible to
+a triplet processor, which sees every triangle) and those excluded only by a longer
+cycle. CLRS-30's 16-node MST graphs are nearly forests, so keeping every edge is the
+rule a model must beat at 64 nodes (`ClrsTask.all_edges_score`).
 
 All functions are numpy on host arrays: predictions come from the model
 (``launch/clrs_diagnose.py`` loads a trained run), targets from `ClrsTask`.
@@ -176,3 +184,90 @@ def pointer_errors(
             out[f"near_tie_share_{threshold:g}"] = float(tied.mean())
             out[f"near_tie_accuracy_{threshold:g}"] = accuracy
     return out
+
+
+def triangle_heaviest(adjacency: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Where ``(j, k)`` is the heaviest edge of a triangle ``i, j, k`` of the graph.
+
+    With distinct weights such an edge is in no minimum spanning tree (the cycle
+    property).
+
+    Args:
+      adjacency: ``[graphs, n, n]``, nonzero where an edge is (self-loops ignored).
+      weights: ``[graphs, n, n]`` symmetric edge weights.
+
+    Returns:
+      bool ``[graphs, n, n]``, symmetric.
+    """
+    n = adjacency.shape[-1]
+    edges = (np.asarray(adjacency) != 0) & ~np.eye(n, dtype=bool)
+    w = np.where(edges, np.asarray(weights, np.float64), np.inf)
+    # [g, i, j, k]: i is a common neighbour of j and k, and (i, j), (i, k) are lighter.
+    lighter = edges[:, :, :, None] & edges[:, :, None, :]
+    lighter &= (w[:, :, :, None] < w[:, None, :, :]) & (w[:, :, None, :] < w[:, None, :, :])
+    return edges & lighter.any(axis=1)
+
+
+def edge_mask_errors(
+    predicted: np.ndarray, targets: np.ndarray, *, adjacency: np.ndarray, weights: np.ndarray
+) -> dict:
+    """The breakdown of an edge-mask output's errors (module docstring).
+
+    Counts are over ordered pairs ``(i, j)``, so an undirected edge counts twice, as in
+    CLRS's F1.
+
+    Args:
+      predicted: the model's mask, ``[graphs, n, n]``, nonzero where it keeps an edge.
+      targets: the true tree edges, the same shape.
+      adjacency: ``[graphs, n, n]``, nonzero where an edge is (self-loops ignored).
+      weights: ``[graphs, n, n]`` edge weights.
+
+    Returns:
+      ``{"score" (F1), "true_positives", "false_positives", "false_negatives",
+      "tree_edges", "tree_kept", "non_tree_edges", "non_tree_dropped",
+      "triangle_edges", "triangle_dropped", "cycle_edges", "cycle_dropped",
+      "non_edges_kept", "all_edges_score", "triangle_rule_score"}``: ``*_kept`` and
+      ``*_dropped`` are fractions of their kind (``None`` when there is none);
+      ``triangle_*`` are the non-tree edges that are the heaviest of a triangle,
+      ``cycle_*`` the other non-tree edges; the last two are the F1 of keeping every
+      edge and of keeping every edge but the triangles' heaviest.
+
+    Raises:
+      ValueError: if the shapes disagree.
+    """
+    predicted, targets = np.asarray(predicted) != 0, np.asarray(targets) != 0
+    if predicted.shape != targets.shape or predicted.ndim != 3:
+        raise ValueError(
+            f"Expected predicted and target masks [graphs, n, n], got {predicted.shape} and "
+            f"{targets.shape}."
+        )
+    n = targets.shape[-1]
+    edges = (np.asarray(adjacency) != 0) & ~np.eye(n, dtype=bool)
+    triangle = triangle_heaviest(adjacency, weights)
+    non_tree = edges & ~targets
+    cycle = non_tree & ~triangle
+
+    def f1(keep: np.ndarray) -> float:
+        tp, fp, fn = (keep & targets).sum(), (keep & ~targets).sum(), (~keep & targets).sum()
+        return float(2 * tp / max(2 * tp + fp + fn, 1)) if tp + fp + fn else 1.0
+
+    def share(selected: np.ndarray, kind: np.ndarray) -> float | None:
+        return float((selected & kind).sum() / kind.sum()) if kind.any() else None
+
+    return {
+        "score": f1(predicted),
+        "true_positives": int((predicted & targets).sum()),
+        "false_positives": int((predicted & ~targets).sum()),
+        "false_negatives": int((~predicted & targets).sum()),
+        "tree_edges": int(targets.sum()),
+        "tree_kept": share(predicted, targets),
+        "non_tree_edges": int(non_tree.sum()),
+        "non_tree_dropped": share(~predicted, non_tree),
+        "triangle_edges": int(triangle.sum()),
+        "triangle_dropped": share(~predicted, triangle),
+        "cycle_edges": int(cycle.sum()),
+        "cycle_dropped": share(~predicted, cycle),
+        "non_edges_kept": int((predicted & ~edges & ~np.eye(n, dtype=bool)).sum()),
+        "all_edges_score": f1(edges),
+        "triangle_rule_score": f1(edges & ~triangle),
+    }
