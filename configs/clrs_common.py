@@ -85,9 +85,9 @@ JACOBIAN_WEIGHTS = {"mst_kruskal": 0.1, "mst_prim": 0.3}
 # edge-mask outputs only). The 1000 16-node training graphs hold 55 edges outside the
 # tree, so with the plain loss Kruskal's model keeps every edge (82.1 at 64 nodes, the
 # F1 of that rule). Deq mode at 2,000 steps, train seed 0: 81.3 / 84.7 / 79.7 at 64
-# nodes with weights 20 / 50 / 100; with 50, seeds 1 and 2 gave 88.7 and 87.6.
-# It costs F1 on the small graphs (16 nodes: 98.7 / 97.7 / 98.9 against 99.0; 32 nodes:
-# 93.5 / 95.8 / 94.0 against 97.8). At 128 nodes: 81.3 / 76.0 / 85.5 against 56.3.
+# nodes with weights 20 / 50 / 100; with 50, seeds 1-3 gave 88.7, 87.6 and 85.8.
+# It costs F1 on the small graphs (16 nodes: 97.7-99.0 against 99.0; 32 nodes: 93.5-95.8
+# against 97.8). At 128 nodes (seeds 0-2): 81.3 / 76.0 / 85.5 against 56.3.
 NON_TREE_EDGE_WEIGHTS = {"mst_kruskal": 50.0}
 # ``task.hard_parent_weight`` (MST-Prim: weigh the nodes whose parent is not their
 # lightest neighbour) stays 1: with 3, Prim's deq mode at 2,000 steps gave 63.6 at 64

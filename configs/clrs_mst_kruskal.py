@@ -11,7 +11,7 @@ the fixed point (``model.decode_edge_latents``, as CLRS's Triplet-GMPNN decoders
 Jacobian weight 0.1, and the loss weighs the edges outside the tree 50 times
 (``task.non_tree_edge_weight``: the 16-node training graphs are nearly forests, and
 with the plain loss the model keeps every edge, 82.1 at 64 nodes; with the weight
-84.7 / 88.7 / 87.6 over three train seeds; see `configs.clrs_common`). Other modes:
+84.7 / 88.7 / 87.6 / 85.8 over four train seeds; see `configs.clrs_common`). Other modes:
 ``--config.model.mode=hint_propagation`` (iterate to the fixed point, backprop through
 time) or ``--config.model.mode=fixed_steps --config.regularizer.jacobian_weight=0
 --config.model.decode_edge_latents=False`` (the true number of steps with hint
