@@ -100,21 +100,20 @@ def diagnose_run(
     for split in tuple(splits) or tuple(run.task.eval_splits):
         arrays = predictions(run, split, config.eval.batch_size, predict)
         if algorithm == "mst_kruskal":
-            report[split] = diagnostics.edge_mask_errors(
+            result = diagnostics.edge_mask_errors(
                 arrays["predicted"],
                 arrays["targets"],
                 adjacency=arrays["inputs"],
                 weights=arrays["input_A"],
             )
-            emit(format_split(split, report[split]))
-            continue
-        weighted = algorithm in SHORTEST_PATHS
-        result = diagnostics.pointer_errors(
-            arrays["predicted"],
-            arrays["targets"],
-            adjacency=arrays["inputs"],
-            weights=arrays["input_A"] if weighted else None,
-        )
+        else:
+            weighted = algorithm in SHORTEST_PATHS
+            result = diagnostics.pointer_errors(
+                arrays["predicted"],
+                arrays["targets"],
+                adjacency=arrays["inputs"],
+                weights=arrays["input_A"] if weighted else None,
+            )
         if algorithm == "mst_prim":
             result["lightest_neighbour_score"] = run.task.lightest_neighbour_score(split)
         report[split] = result
@@ -181,9 +180,11 @@ def format_split(split: str, result: dict) -> str:
 
 
 def write_figure(report: dict[str, dict], path: str) -> str:
-    """Accuracy against depth in the true tree, one line per split; returns ``path``.
+    """The breakdown's figure; returns ``path``.
 
-    Depth bins holding fewer than `MIN_NODES_PLOTTED` nodes of a split are left out.
+    Pointer outputs: accuracy against depth in the true tree, one line per split (depth
+    bins holding fewer than `MIN_NODES_PLOTTED` nodes of a split are left out). Edge
+    masks (Kruskal): the kept and dropped shares per split (`_edge_bars`).
     """
     import matplotlib
 
@@ -193,10 +194,16 @@ def write_figure(report: dict[str, dict], path: str) -> str:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     if "tree_kept" in next(iter(report.values())):
         _edge_bars(ax, report)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+    else:
+        _depth_lines(ax, report)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _depth_lines(ax: Any, report: dict[str, dict]) -> None:
+    """Pointers: accuracy against depth in the true tree, one line per split."""
     labels = [b["depths"] for b in next(iter(report.values()))["by_depth"]]
     for split, result in report.items():
         bins = enumerate(result["by_depth"])
@@ -211,10 +218,6 @@ def write_figure(report: dict[str, dict], path: str) -> str:
     )
     ax.set_ylabel("right parents (%)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def _edge_bars(ax: Any, report: dict[str, dict]) -> None:

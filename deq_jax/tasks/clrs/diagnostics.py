@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from deq_jax.tasks.clrs.task import f1_from_counts
+
 # Depth bins (inclusive ranges of hops to the root) of `pointer_errors`.
 DEPTH_BINS = ((0, 0), (1, 2), (3, 5), (6, 9), (10, 15), (16, None))
 # Degree bins (inclusive ranges of neighbours, self-loops not counted).
@@ -248,8 +250,8 @@ def edge_mask_errors(
     cycle = non_tree & ~triangle
 
     def f1(keep: np.ndarray) -> float:
-        tp, fp, fn = (keep & targets).sum(), (keep & ~targets).sum(), (~keep & targets).sum()
-        return float(2 * tp / max(2 * tp + fp + fn, 1)) if tp + fp + fn else 1.0
+        counts = (keep & targets).sum(), (keep & ~targets).sum(), (~keep & targets).sum()
+        return float(f1_from_counts(*counts))
 
     def share(selected: np.ndarray, kind: np.ndarray) -> float | None:
         return float((selected & kind).sum() / kind.sum()) if kind.any() else None
