@@ -91,13 +91,16 @@ def run_config(
     the ``key=value`` ``overrides`` (`launch.runs.apply_overrides`).
 
     ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
-    regularise; CLRS's baseline has none) and without ``decode_edge_latents``.
+    regularise; CLRS's baseline has none) and without ``decode_edge_latents``; the modes
+    other than ``deq`` run without the processor's ``edge_state`` (node states only).
     """
     config = clrs_config(algorithm, "smoke" if smoke else None)
     config.model.mode = mode
     if mode == "fixed_steps":
         config.regularizer.jacobian_weight = 0.0
         config.model.decode_edge_latents = False  # no fixed point's latents to decode
+    if mode != "deq":
+        config.model.edge_state = 0  # only the DEQ's solver carries the state pair
     if steps:
         config.train.steps = steps
         config.train.warmup_steps = min(config.train.warmup_steps, steps // 10)

@@ -145,6 +145,31 @@ def test_triplet_neighbours_ignore_non_neighbours_and_stay_equivariant():
         MPNN(hidden=H, triplet_neighbours=True)
 
 
+def test_edge_state_processor_carries_a_pair_equivariantly():
+    x, z = processor_inputs(n=5)
+    s = jax.random.normal(jax.random.PRNGKey(7), (2, 5, 5, 3))
+    cell = TripletMPNN(hidden=H, triplet_features=4, edge_state=3)
+    spec = cell.state_spec(x)
+    assert spec[0].shape == z.shape and spec[1].shape == s.shape
+    variables = cell.init(KEY, (z, s), x)
+    out, out_s = cell.apply(variables, (z, s), x)
+    chex.assert_shape([out, out_s], [z.shape, s.shape])
+    perm = jnp.array([3, 0, 4, 1, 2])
+    moved, moved_s = cell.apply(variables, (z[:, perm], s[:, perm][:, :, perm]), permute(x, perm))
+    np.testing.assert_allclose(moved, out[:, perm], atol=1e-5)
+    np.testing.assert_allclose(moved_s, out_s[:, perm][:, :, perm], atol=1e-5)
+    # Self-loops only: the state of the edge 0 -> 1 reaches node 1 through its message.
+    x = x._replace(adjacency=jnp.broadcast_to(jnp.eye(5), (2, 5, 5)))
+    plain, _ = cell.apply(variables, (z, s), x)
+    changed, _ = cell.apply(variables, (z, s.at[:, 1, 1].add(5.0)), x)
+    np.testing.assert_allclose(plain[:, 2:], changed[:, 2:], atol=1e-6)
+    assert not np.allclose(plain[:, 1], changed[:, 1])
+    with pytest.raises(ValueError, match="state pair"):
+        cell.apply(variables, z, x)
+    with pytest.raises(ValueError, match="edge_state"):
+        MPNN(hidden=H, edge_state=3)
+
+
 def test_min_update_and_softmin():
     z = jnp.array([[0.0, 1.0, -2.0, 3.0]])
     p = jnp.array([[1.0, 0.0, -2.0, 5.0]])
@@ -458,6 +483,26 @@ def test_jacobian_terms_per_mode():
     model = clrs_model(mode="fixed_steps")
     with pytest.raises(ValueError, match="fixed point"):
         model.apply(init(model), adj, train=True, rngs=rngs, jacobian_samples=1, **extras)
+
+
+def test_edge_state_model_solves_the_pair_with_finite_gradients():
+    task, adj, targets, extras = task_batch("mst_prim", split="val")
+    model = clrs_model("mst_prim", processor="triplet_mpnn", triplet_features=4, edge_state=3)
+    variables = init(model)
+    assert variables["params"]["cell"]["edge_gate"]["kernel"].shape[-1] == 3
+
+    def loss(params):
+        logits, stats = model.apply({"params": params}, adj, train=True, rngs=RNGS, **extras)
+        ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)
+        return ce.mean(), stats
+
+    (value, stats), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(variables["params"])
+    assert np.isfinite(value) and np.all(stats.nstep >= 1)
+    chex.assert_tree_all_finite(grads)
+    assert float(jnp.abs(grads["cell"]["edge_update"]["kernel"]).sum()) > 0
+    for bad in (dict(mode="hint_propagation"), dict(step_penalty=0.1), dict(processor="gmpnn")):
+        with pytest.raises(ValueError, match="edge_state"):
+            clrs_model("mst_prim", **(dict(processor="triplet_mpnn", edge_state=3) | bad))
 
 
 def test_bad_model_arguments():

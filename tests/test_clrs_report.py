@@ -15,6 +15,9 @@ def test_run_config_and_scores():
     kruskal = clrs_report.run_config("mst_kruskal", "fixed_steps", smoke=True)
     assert not kruskal.model.decode_edge_latents and kruskal.regularizer.jacobian_weight == 0
     assert clrs_report.run_config("mst_kruskal", "deq", smoke=True).model.decode_edge_latents
+    assert clrs_report.run_config("mst_prim", "deq", smoke=True).model.edge_state == 8
+    for mode in ("hint_propagation", "fixed_steps"):
+        assert clrs_report.run_config("mst_prim", mode, smoke=True).model.edge_state == 0
     assert clrs_report.split_nodes(config, "val") == config.task.train_nodes
     assert clrs_report.split_nodes(config, "test_64") == 64
     # Kruskal's F1 comes from the combined counts: tp 2, fp 1, fn 1 -> 2/3.

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy.sparse.csgraph import dijkstra
 from sklearn.metrics import f1_score
 
 from configs import clrs_common
@@ -124,6 +125,50 @@ def test_prim_loss_weighs_the_parents_the_lightest_neighbour_rule_misses():
         clrs.ClrsTask(clrs.ClrsConfig("bfs", eval_size=2), hard_parent_weight=2)
 
 
+def test_near_tie_gaps_on_a_known_graph_and_against_scipy():
+    # Path 0 -> 1 -> 2 (0.3 + 0.3) against the edge 0 -> 2 (0.62): node 2 ties within 0.02;
+    # node 1's other neighbour, 2 (distance 0.6), offers 0.9, 0.6 longer; node 3 is unreached.
+    w = np.zeros((1, 4, 4))
+    for u, v, weight in ((0, 1, 0.3), (1, 2, 0.3), (0, 2, 0.62)):
+        w[0, u, v] = w[0, v, u] = weight
+    gaps = np.asarray(clrs.near_tie_gaps(w, np.array([[0, 0, 1, 3]])))
+    np.testing.assert_allclose(gaps[0, 1:3], [0.6, 0.02], atol=1e-6)
+    assert np.isinf(gaps[0, 0]) and np.isinf(gaps[0, 3])
+    # Against scipy's shortest paths from the source, on CLRS-30 graphs.
+    arrays = clrs.ClrsTask(clrs.ClrsConfig("bellman_ford", eval_size=16)).source("val")
+    gaps = np.asarray(clrs.near_tie_gaps(arrays["input_A"], arrays["targets"]))
+    for a, source, parents, got in zip(
+        arrays["input_A"], arrays["input_s"].argmax(-1), arrays["targets"], gaps, strict=True
+    ):
+        dist = dijkstra(a, directed=True, indices=source)
+        for v in range(len(parents)):
+            others = [u for u in np.flatnonzero(a[:, v]) if u not in (v, parents[v])]
+            others = [dist[u] + a[u, v] for u in others if np.isfinite(dist[u])]
+            want = min(others) - dist[v] if others and parents[v] != v else np.inf
+            np.testing.assert_allclose(got[v], want, atol=1e-5)
+    assert 0 < (gaps < 0.05).mean() < 0.3
+
+
+def test_shortest_path_loss_weighs_the_near_ties():
+    config = clrs.ClrsConfig("dijkstra", eval_size=4, test_nodes=(12,))
+    arrays = clrs.ClrsTask(config).source("val")
+    tied = np.asarray(clrs.near_tie_gaps(arrays["input_A"], arrays["targets"])) < 0.1
+    assert tied.any()
+    logits = jnp.asarray(np.random.default_rng(2).normal(size=(4, 16, 16)), jnp.float32)
+    targets, mask = jnp.asarray(arrays["targets"]), jnp.ones(4, bool)
+    extras = {k: jnp.asarray(arrays[k]) for k in ("input_A", "input_s")}
+    task = clrs.ClrsTask(config, near_tie_weight=4, near_tie_margin=0.1)
+    got = task.loss(logits, targets, mask, inputs=jnp.asarray(arrays["inputs"]), **extras)
+    ce = -np.take_along_axis(
+        np.asarray(jax.nn.log_softmax(logits)), arrays["targets"][..., None], -1
+    )[..., 0]
+    np.testing.assert_allclose(got, np.where(tied, 4 * ce, ce).mean(), rtol=1e-5)
+    with pytest.raises(ValueError, match="shortest-path parents"):
+        clrs.ClrsTask(clrs.ClrsConfig("mst_prim", eval_size=2), near_tie_weight=2)
+    with pytest.raises(ValueError, match="near_tie_margin"):
+        clrs.ClrsTask(config, near_tie_margin=0)
+
+
 def test_lightest_neighbour_score_is_the_local_rule_on_prim_graphs():
     task = clrs.ClrsTask(clrs.ClrsConfig("mst_prim", test_nodes=(24,), eval_size=6))
     arrays = task.source("test_24")
@@ -189,6 +234,9 @@ def test_configs_are_documented(algorithm):
     assert config.regularizer.jacobian_weight == weight
     # MST-Kruskal's loss weighs the non-tree edges 50x (84.7 / 88.7 / 87.6 vs 82.1 at 64).
     assert config.task.non_tree_edge_weight == (50.0 if algorithm == "mst_kruskal" else 1.0)
+    # MST-Prim's Triplet-GMPNN keeps an edge state of width 8 (71.6 / 70.4 vs 68.1 / 68.1).
+    assert config.model.edge_state == (8 if algorithm == "mst_prim" else 0)
+    assert config.task.near_tie_weight == 1.0
     tasks.get(**{**config.task.to_dict(), "data_dir": ""})  # the task accepts the section
     with pytest.raises(ValueError, match="smoke"):
         clrs_common.clrs_config(algorithm, "huge")
@@ -201,6 +249,7 @@ def test_configs_are_documented(algorithm):
         ("bellman_ford", "hint_propagation"),
         ("bellman_ford", "fixed_steps"),
         ("mst_kruskal", "deq"),  # the edge-mask output through the training loop
+        ("mst_prim", "deq"),  # the edge state through the training loop
     ],
 )
 def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):

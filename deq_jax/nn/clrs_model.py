@@ -86,6 +86,9 @@ class ClrsModel(nn.Module):
       hidden: the width ``H`` of embeddings and node states.
       triplet_features: the Triplet-MPNN's triplet width.
       triplet_neighbours: the Triplet-MPNN's triplet max over common neighbours only.
+      edge_state: the width of the Triplet-MPNN's persistent edge state (0: none; see
+        `deq_jax.nn.clrs_processors`); mode ``"deq"`` only, whose solver takes the
+        state pair.
       aggregation: the processor's ``"adjacency"`` or ``"full"`` max aggregation.
       mode: ``"deq"``, ``"hint_propagation"`` or ``"fixed_steps"``.
       min_update: the cell's min update; ``softmin_tau > 0`` makes it smooth.
@@ -119,6 +122,7 @@ class ClrsModel(nn.Module):
     hidden: int = 64
     triplet_features: int = 8
     triplet_neighbours: bool = False
+    edge_state: int = 0
     aggregation: str = "adjacency"
     mode: str = "deq"
     min_update: bool = False
@@ -158,6 +162,14 @@ class ClrsModel(nn.Module):
                 f"latents) and mode 'deq' or 'hint_propagation'; got {self.processor!r}, "
                 f"{self.mode!r}."
             )
+        if self.edge_state and (
+            self.processor != "triplet_mpnn" or self.mode != "deq" or self.step_penalty
+        ):
+            raise ValueError(
+                "edge_state needs processor='triplet_mpnn', mode 'deq' and no step_penalty "
+                f"(the others run on node states only); got {self.processor!r}, {self.mode!r}, "
+                f"step_penalty={self.step_penalty}."
+            )
         if not 0.0 <= self.teacher_forcing <= 1.0:
             raise ValueError(f"teacher_forcing must lie in [0, 1], got {self.teacher_forcing}.")
         super().__post_init__()
@@ -168,6 +180,8 @@ class ClrsModel(nn.Module):
         if self.processor == "triplet_mpnn":
             kwargs["triplet_features"] = self.triplet_features
             kwargs["triplet_neighbours"] = self.triplet_neighbours
+            if self.edge_state:
+                kwargs["edge_state"] = self.edge_state
         return tuple(kwargs.items())
 
     def _budget(self, train: bool, max_iter: int | None) -> int:
@@ -298,7 +312,8 @@ class ClrsModel(nn.Module):
         if aux and not init:
             self.sow("intermediates", AUX_LOSS, sum(aux[1:], aux[0]))
         out = of_stage(self.spec, "output")[0]
-        h = jnp.concatenate([base.node, z], axis=-1)  # [B, n, 2H]
+        nodes = z[0] if self.edge_state else z  # the edge state is read through the cell
+        h = jnp.concatenate([base.node, nodes], axis=-1)  # [B, n, 2H]
         edge = base.edge
         if self.decode_edge_latents:
             if edge_latents is None:

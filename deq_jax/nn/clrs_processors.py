@@ -22,6 +22,15 @@ here they also enter the messages, so they shape the fixed point the DEQ solves 
 and ``cell(z, x, return_edges=True)`` hands them out for the decoders too
 (`deq_jax.nn.clrs_model.ClrsModel`'s ``decode_edge_latents``).
 
+With ``edge_state = F > 0`` (Triplet-MPNN only) the processor keeps a persistent edge
+state ``s [B, n, n, F]`` beside the node states, as the Relational Transformer keeps
+edge states: the state is the pair ``(z, s)``, the triplets read ``[e, s]`` for the
+edge features, pass a ReLU layer before the max (so a step can compose ``s_ij`` and
+``s_ik`` into a min-max, the path algebra of minimum spanning trees), and
+``s'_jk = g_jk * LN(relu(S [max_i t_ijk, s_jk, e_jk])) + (1 - g_jk) * s_jk`` with a
+gate ``g`` like the node update's; the messages read ``s_ij`` as well. The DEQ solves
+for the pair.
+
 Update rules from the CLRS DEQ study (Xhonneux et al. 2024): ``min_update`` replaces
 the proposal ``p = step(z)`` by ``min(z, p)`` (elementwise), making the iteration
 monotone; with ``softmin_tau > 0`` by the smooth version ``z + sigmoid((z - p) / tau)
@@ -37,6 +46,8 @@ References:
   (``clrs/_src/processors.py``: ``PGN``, ``MPNN``, ``get_triplet_msgs``).
   Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022 (triplets, gating).
   Dudzik & Veličković, "Graph Neural Networks are Dynamic Programmers", NeurIPS 2022.
+  Diao & Loynd, "Relational Attention: Generalizing Transformers for Graph-Structured
+  Tasks", ICLR 2023 (persistent edge states on CLRS).
   Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
   Reasoning", ICLR 2024 blog post track (min update, softmin).
 """
@@ -183,7 +194,9 @@ class MPNN(nn.Module):
       triplet_neighbours: take the triplet max over the common neighbours ``i`` of
         ``j`` and ``k`` only (`common_neighbour_max`) instead of every node, so the
         latent of a pair does not see more candidates as the graph grows.
-      min_update: ``z' = min(z, step(z))`` (see `min_update`).
+      edge_state: the width ``F`` of a persistent edge state (module docstring; 0:
+        none). The state is then the pair ``(z [B, n, H], s [B, n, n, F])``.
+      min_update: ``z' = min(z, step(z))`` (see `min_update`; node states only).
       softmin_tau: with ``min_update``, the smooth min's temperature (0: hard min).
       param_dtype: dtype of the parameters.
 
@@ -199,6 +212,7 @@ class MPNN(nn.Module):
     use_triplets: bool = False
     triplet_features: int = 8
     triplet_neighbours: bool = False
+    edge_state: int = 0
     min_update: bool = False
     softmin_tau: float = 0.0
     param_dtype: Any = jnp.float32
@@ -212,21 +226,28 @@ class MPNN(nn.Module):
             raise ValueError(f"softmin_tau must be >= 0, got {self.softmin_tau}.")
         if self.triplet_neighbours and not self.use_triplets:
             raise ValueError(f"triplet_neighbours needs use_triplets=True ({type(self).__name__}).")
+        if self.edge_state < 0 or (self.edge_state and not self.use_triplets):
+            raise ValueError(
+                f"edge_state must be >= 0 and needs use_triplets=True ({type(self).__name__}), "
+                f"got {self.edge_state}."
+            )
         super().__post_init__()
 
-    def state_spec(self, x: ProcessorInputs) -> jax.ShapeDtypeStruct:
-        """``[B, n, hidden]`` in the promoted dtype of the node features and parameters."""
+    def state_spec(self, x: ProcessorInputs) -> Any:
+        """``[B, n, hidden]`` in the promoted dtype of the node features and parameters;
+        with ``edge_state``, the pair of it and ``[B, n, n, edge_state]``."""
         dtype = jnp.promote_types(x.node.dtype, self.param_dtype)
-        return state_like(x.node, self.hidden, dtype)
+        nodes = state_like(x.node, self.hidden, dtype)
+        if not self.edge_state:
+            return nodes
+        return nodes, jax.ShapeDtypeStruct((*x.edge.shape[:3], self.edge_state), dtype)
 
     def _dense(self, features: int, name: str, **kwargs: Any) -> nn.Dense:
         return nn.Dense(features, param_dtype=self.param_dtype, name=name, **kwargs)
 
     @nn.compact
-    def __call__(
-        self, z: jax.Array, x: ProcessorInputs, return_edges: bool = False
-    ) -> jax.Array | tuple[jax.Array, jax.Array]:
-        """``z [B, n, H], x -> z' [B, n, H]``.
+    def __call__(self, z: Any, x: ProcessorInputs, return_edges: bool = False) -> Any:
+        """``z [B, n, H], x -> z' [B, n, H]`` (with ``edge_state``, ``(z, s) -> (z', s')``).
 
         With ``return_edges`` (triplet processors only) also returns the step's triplet
         edge latents ``relu(W max_k t_ijk)`` ``[B, n, n, H]``, which CLRS's Triplet-GMPNN
@@ -234,6 +255,13 @@ class MPNN(nn.Module):
         """
         if return_edges and not self.use_triplets:
             raise ValueError(f"{type(self).__name__} has no triplet edge latents to return.")
+        if self.edge_state:
+            if not (isinstance(z, tuple) and len(z) == 2):
+                raise ValueError(
+                    f"{type(self).__name__} with edge_state={self.edge_state} takes the state "
+                    "pair (nodes [B, n, H], edges [B, n, n, F]) of its state_spec."
+                )
+            z, edge_z = z
         b, n = z.shape[:2]
         if x.edge.shape[:3] != (b, n, n) or x.adjacency.shape != (b, n, n):
             raise ValueError(
@@ -251,8 +279,15 @@ class MPNN(nn.Module):
             + self._dense(width, "msg_edge")(x.edge)
             + self._dense(width, "msg_graph")(x.graph)[:, None, None]
         )  # [B, n, n, H], [:, i, j] from i to j
+        if self.edge_state:
+            edge_in = jnp.concatenate([x.edge, edge_z.astype(x.edge.dtype)], axis=-1)
+            messages = messages + self._dense(width, "msg_edge_state")(edge_z)
+        else:
+            edge_in = x.edge
         if self.use_triplets:
-            triplets = triplet_messages(h, x.edge, x.graph, self.triplet_features, self._dense)
+            triplets = triplet_messages(h, edge_in, x.graph, self.triplet_features, self._dense)
+            if self.edge_state:  # a ReLU layer before the max: min-max compositions
+                triplets = self._dense(self.triplet_features, "triplet_hidden")(nn.relu(triplets))
             if self.triplet_neighbours:
                 pooled = common_neighbour_max(triplets, x.adjacency)
             else:
@@ -278,7 +313,19 @@ class MPNN(nn.Module):
             out = gate * out + (1.0 - gate) * z
         if self.min_update:
             out = min_update(z, out, self.softmin_tau)
+        if self.edge_state:
+            out = (out, self._edge_update(pooled, edge_z, x.edge))
         return (out, latents) if return_edges else out
+
+    def _edge_update(self, pooled: jax.Array, s: jax.Array, edge: jax.Array) -> jax.Array:
+        """The gated edge-state update ``s' [B, n, n, F]`` (module docstring)."""
+        width = self.edge_state
+        read = jnp.concatenate([pooled, s, edge], axis=-1)
+        out = nn.relu(self._dense(width, "edge_update")(read))
+        out = nn.LayerNorm(param_dtype=self.param_dtype, name="edge_norm")(out)
+        bias_init = nn.initializers.constant(-3.0)
+        gate = jax.nn.sigmoid(self._dense(width, "edge_gate", bias_init=bias_init)(read))
+        return gate * out + (1.0 - gate) * s
 
 
 class TripletMPNN(MPNN):

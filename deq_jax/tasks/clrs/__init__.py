@@ -74,6 +74,7 @@ from deq_jax.tasks.clrs.task import (
     lightest_neighbours,
     mask_score,
     model_spec,
+    near_tie_gaps,
     pointer_score,
 )
 from deq_jax.tasks.clrs.traversal import bfs, dfs
@@ -108,6 +109,7 @@ __all__ = [
     "lightest_neighbours",
     "mask_score",
     "model_spec",
+    "near_tie_gaps",
     "mst_kruskal",
     "mst_prim",
     "pointer_score",

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deq_jax.tasks.clrs.task import f1_from_counts
+from deq_jax.tasks.clrs.task import f1_from_counts, near_tie_gaps
 
 # Depth bins (inclusive ranges of hops to the root) of `pointer_errors`.
 DEPTH_BINS = ((0, 0), (1, 2), (3, 5), (6, 9), (10, 15), (16, None))
@@ -174,12 +174,7 @@ def pointer_errors(
         for threshold in EXCESS_THRESHOLDS:
             out[f"excess_below_{threshold:g}"] = float((excess < threshold).sum() / errors)
         # Near-ties in the data: nodes with another neighbour whose path is almost as short.
-        others = (weights > 0) & (np.arange(n)[:, None] != nodes)[None]  # [g, u, v], u != v
-        others &= np.arange(n)[None, :, None] != targets[:, None, :]  # u is not v's parent
-        best_other = np.where(others, cost[:, :, None] + weights, np.inf).min(1)
-        has_parent = targets != nodes  # roots and unreached nodes have no path to tie
-        alternative = np.full(targets.shape, np.inf)  # how much longer the best other path is
-        alternative[has_parent] = best_other[has_parent] - cost[has_parent]
+        alternative = np.asarray(near_tie_gaps(weights, targets), np.float64)
         for threshold in EXCESS_THRESHOLDS:
             tied = alternative < threshold
             accuracy = float(right[tied].mean()) if tied.any() else None

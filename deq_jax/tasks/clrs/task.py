@@ -198,6 +198,39 @@ def lightest_neighbours(weights, start):
     return jnp.where(jnp.asarray(start) > 0.5, nodes, parents)
 
 
+def near_tie_gaps(weights, parents):
+    """How much longer each node's best path through a neighbour other than its parent
+    is than its shortest path (Bellman-Ford's and Dijkstra's near-ties); jittable.
+
+    The path costs follow the parent pointers to the root, so ``parents`` must be a
+    shortest-path forest of ``weights`` (the algorithm's ``pi``).
+
+    Args:
+      weights: ``[B, n, n]`` edge weights ``w[u, v]``, positive where an edge is.
+      parents: int ``[B, n]``, the shortest-path forest; roots point at themselves.
+
+    Returns:
+      ``[B, n]``: ``min_{u != pi(v), v} d(u) + w(u, v) - d(v)`` over the neighbours ``u``
+      reached from a root; ``inf`` for roots, unreached nodes and nodes with no other
+      neighbour.
+    """
+    weights, parents = jnp.asarray(weights), jnp.asarray(parents)
+    n = weights.shape[-1]
+    nodes = jnp.arange(n)
+    linked = parents != nodes  # [B, n]: has a parent
+    step = jnp.where(linked, jnp.take_along_axis(weights, parents[:, None, :], 1)[:, 0], 0.0)
+    cost = jax.lax.fori_loop(  # n sweeps reach every depth of a forest on n nodes
+        0, n, lambda _, c: jnp.where(linked, jnp.take_along_axis(c, parents, 1) + step, 0.0), step
+    )
+    has_child = jax.vmap(lambda p, up: jnp.zeros(n, bool).at[p].max(up))(parents, linked)
+    reached = linked | has_child  # in a tree of more than one node
+    others = (weights > 0) & (nodes[:, None] != nodes[None, :])[None]  # [B, u, v]
+    others &= nodes[None, :, None] != parents[:, None, :]  # u is not v's parent
+    others &= reached[:, :, None]
+    best = jnp.where(others, cost[:, :, None] + weights, jnp.inf).min(1)  # [B, v]
+    return jnp.where(linked, best - cost, jnp.inf)
+
+
 def _weights(mask, batch: int):
     return jnp.ones(batch) if mask is None else jnp.asarray(mask, jnp.float32)
 
@@ -275,6 +308,12 @@ class ClrsTask(Task):
       hard_parent_weight: MST-Prim only: the weight, in `loss`, of the nodes whose parent
         is not their lightest neighbour (`lightest_neighbours`, a local rule right on
         70% of the nodes at every size); 1: every node weighs the same.
+      near_tie_weight: Bellman-Ford and Dijkstra only: the weight, in `loss`, of the
+        near-tie nodes, whose best path through another neighbour is less than
+        ``near_tie_margin`` longer than their shortest path (`near_tie_gaps`); the
+        errors of a trained model at 64 nodes are mostly such nodes.
+      near_tie_margin: the path-length margin of a near-tie (edge weights lie in
+        [0, 1]).
 
     Raises:
       ValueError: for a negative weight, or a weight other than 1 for an algorithm it
@@ -289,6 +328,8 @@ class ClrsTask(Task):
         config: ClrsConfig = ClrsConfig(),
         non_tree_edge_weight: float = 1.0,
         hard_parent_weight: float = 1.0,
+        near_tie_weight: float = 1.0,
+        near_tie_margin: float = 0.05,
     ):
         self.config = config
         alg = config.algorithm
@@ -299,6 +340,10 @@ class ClrsTask(Task):
         self.batch_extras = (*inputs, *hints, "lengths")
         self.non_tree_edge_weight = float(non_tree_edge_weight)
         self.hard_parent_weight = float(hard_parent_weight)
+        self.near_tie_weight = float(near_tie_weight)
+        self.near_tie_margin = float(near_tie_margin)
+        if self.near_tie_margin <= 0:
+            raise ValueError(f"near_tie_margin must be > 0, got {near_tie_margin}.")
         for name, value, applies, what in (
             (
                 "non_tree_edge_weight",
@@ -307,6 +352,12 @@ class ClrsTask(Task):
                 "an edge-mask output (mst_kruskal)",
             ),
             ("hard_parent_weight", hard_parent_weight, alg == "mst_prim", "mst_prim's parents"),
+            (
+                "near_tie_weight",
+                near_tie_weight,
+                alg in ("bellman_ford", "dijkstra"),
+                "shortest-path parents (bellman_ford, dijkstra)",
+            ),
         ):
             if float(value) < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}.")
@@ -380,15 +431,16 @@ class ClrsTask(Task):
         """The training loss: the mean cross-entropy over every output entry, per graph,
         averaged over the real graphs (CLRS's), with ``non_tree_edge_weight`` on the
         entries of edges outside the tree (edge-mask outputs) and ``hard_parent_weight``
-        on the nodes whose parent is not their lightest neighbour (MST-Prim).
+        on the nodes whose parent is not their lightest neighbour (MST-Prim) and
+        ``near_tie_weight`` on the near-tie nodes (Bellman-Ford, Dijkstra).
 
         Args:
           outputs: logits, ``[B, n, n]`` (pointer) or ``[B, n, n, 2]`` (edge mask).
           targets: int ``[B, n]`` parents or ``[B, n, n]`` 0/1 tree edges.
           mask: ``[B]`` bool, false for padding rows.
           inputs: ``[B, n, n]``, the adjacency (self-loops included).
-          extras: the batch's other features (MST-Prim's ``input_A``, ``input_s`` with
-            ``hard_parent_weight``).
+          extras: the batch's other features (``input_A``, and MST-Prim's ``input_s``,
+            with ``hard_parent_weight`` or ``near_tie_weight``).
 
         Returns:
           A scalar.
@@ -397,6 +449,9 @@ class ClrsTask(Task):
         if self.hard_parent_weight != 1.0:
             rule = lightest_neighbours(extras["input_A"], extras["input_s"])
             ce = jnp.where(rule != targets, self.hard_parent_weight * ce, ce)
+        if self.near_tie_weight != 1.0:
+            tied = near_tie_gaps(extras["input_A"], targets) < self.near_tie_margin
+            ce = jnp.where(tied, self.near_tie_weight * ce, ce)
         if self.non_tree_edge_weight != 1.0:
             n = inputs.shape[-1]
             edges = (inputs > 0.5) & ~jnp.eye(n, dtype=bool)  # [B, n, n], no self-loops
@@ -425,12 +480,15 @@ def clrs(
     multiplier: int = 1,
     non_tree_edge_weight: float = 1.0,
     hard_parent_weight: float = 1.0,
+    near_tie_weight: float = 1.0,
+    near_tie_margin: float = 0.05,
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
     ``data_dir`` is accepted for a uniform call signature and unused (generated in
-    memory). ``non_tree_edge_weight`` and ``hard_parent_weight`` weigh Kruskal's and
-    Prim's losses (see `ClrsTask`).
+    memory). ``non_tree_edge_weight``, ``hard_parent_weight`` and ``near_tie_weight``
+    (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses
+    (see `ClrsTask`).
     """
     del data_dir  # Generated in memory.
     config = ClrsConfig(
@@ -443,5 +501,9 @@ def clrs(
         seed=seed,
     )
     return ClrsTask(
-        config, non_tree_edge_weight=non_tree_edge_weight, hard_parent_weight=hard_parent_weight
+        config,
+        non_tree_edge_weight=non_tree_edge_weight,
+        hard_parent_weight=hard_parent_weight,
+        near_tie_weight=near_tie_weight,
+        near_tie_margin=near_tie_margin,
     )
