@@ -97,9 +97,9 @@ NON_TREE_EDGE_WEIGHTS = {"mst_kruskal": 50.0}
 # lightest neighbour) stays 1: with 3, Prim's deq mode at 2,000 steps gave 63.6 at 64
 # nodes (train seed 0) against 68.1.
 # The width of the Triplet-GMPNN's persistent edge state (``model.edge_state``, deq mode
-# only; the other modes run with 0). Prim's deq mode at 2,000 steps: 71.6 / 70.4% at 64
-# nodes (train seeds 0, 1) against 68.1 / 68.1 without, at twice the training time and
-# solver steps (63 / 43 mean at 16 nodes; 10-12% of the validation graphs reach the eval
+# only; the other modes run with 0). Prim's deq mode at 2,000 steps: 71.6 / 70.4 / 70.2%
+# at 64 nodes (train seeds 0-2) against 68.1 / 68.1 / 68.9 without, at about twice the
+# solver steps (43-66 mean at 16 nodes; 9-28% of the validation graphs reach the eval
 # budget unconverged). Width 16 stopped converging after 1,000 steps.
 EDGE_STATES = {"mst_prim": 8}
 # ``task.near_tie_weight`` (Bellman-Ford, Dijkstra: weigh the nodes whose second-best

@@ -3,8 +3,8 @@
 The shared setup is `configs.clrs_common` (task, model, sizes, the three modes); the
 processor is the Triplet-GMPNN (64.0% at 64 nodes after 2,000 steps in deq mode, against
 49.6% with the GMPNN; ``--config.model.processor=gmpnn`` for the latter) with a
-persistent edge state of width 8 (``model.edge_state``: 71.6 / 70.4% over two train
-seeds, against 68.1 / 68.1 without; ``--config.model.edge_state=0`` for the latter).
+persistent edge state of width 8 (``model.edge_state``: 71.6 / 70.4 / 70.2% over three
+train seeds, against 68.1 / 68.1 / 68.9 without; ``--config.model.edge_state=0`` for the latter).
 The score is the parent-pointer accuracy; the DEQ column of Xhonneux et al. (2024)
 reports 75.2% at 64 nodes. Run it with::
 
@@ -13,8 +13,8 @@ reports 75.2% at 64 nodes. Run it with::
 Other modes, which run on node states only (``--config.model.edge_state=0``):
 ``--config.model.mode=hint_propagation`` (iterate to the fixed point, backprop through
 time) or ``--config.model.mode=fixed_steps --config.regularizer.jacobian_weight=0`` (the
-true number of steps with hint supervision, CLRS's baseline). The smoke variant (a tiny model on tiny graphs, a few
-steps; seconds)::
+true number of steps with hint supervision, CLRS's baseline). The smoke variant (a tiny
+model on tiny graphs, a few steps; seconds)::
 
     python -m launch.main --config configs/clrs_mst_prim.py:smoke --workdir /tmp/clrs_smoke
 
