@@ -32,7 +32,9 @@ Unknown algorithm names raise a ValueError that lists the valid ones.
 `ClrsTask` (registered as the task ``clrs``, ``tasks.get("clrs", algorithm="bfs")``)
 puts one algorithm behind the uniform task interface, with CLRS's scores
 (`pointer_score`, `mask_score`) and the model spec `model_spec` of
-`deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`.
+`deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`. Its loss weights and
+reference scores read per-node facts of the true solution from
+`deq_jax.tasks.clrs.local_rules` (`lightest_neighbours`, `near_tie_gaps`).
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -41,6 +43,7 @@ References:
 """
 
 from deq_jax.tasks.clrs.graphs import adjacency, er_graph
+from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps
 from deq_jax.tasks.clrs.sampler import (
     CLRS30_SEEDS,
     GRAPH_DISTRIBUTIONS,
@@ -71,10 +74,8 @@ from deq_jax.tasks.clrs.task import (
     ClrsConfig,
     ClrsTask,
     f1_from_counts,
-    lightest_neighbours,
     mask_score,
     model_spec,
-    near_tie_gaps,
     pointer_score,
 )
 from deq_jax.tasks.clrs.traversal import bfs, dfs
