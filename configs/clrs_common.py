@@ -102,6 +102,12 @@ NON_TREE_EDGE_WEIGHTS = {"mst_kruskal": 50.0}
 # solver steps (43-66 mean at 16 nodes; 9-28% of the validation graphs reach the eval
 # budget unconverged). Width 16 stopped converging after 1,000 steps.
 EDGE_STATES = {"mst_prim": 8}
+# ``model.decode_edge_state`` (the output decoder reads the edge state) and
+# ``model.edge_targets`` with ``task.edge_target_weight`` (a loss on the tree's edges and
+# ancestors read from the edge state) stay off. Prim, train seed 0, 2,000 steps: decoding
+# lost the fixed point by step 200; the targets at weight 1 lost it near step 1,000 (as
+# did 4,000-step and hidden-128 runs of the config); with Jacobian weight 1 the runs stay
+# convergent but score 67.8 with the targets, 66.7 without, against the config's 71.6.
 # ``task.near_tie_weight`` (Bellman-Ford, Dijkstra: weigh the nodes whose second-best
 # path is within ``near_tie_margin`` of the shortest) stays 1: Bellman-Ford's deq mode
 # with hidden 128 and 6,000 steps gave 95.6 +- 0.5 at 64 nodes with weight 5 over five
@@ -138,6 +144,7 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             hard_parent_weight=1.0,
             near_tie_weight=1.0,
             near_tie_margin=0.05,
+            edge_target_weight=0.0,
         )
     )
     config.model = ConfigDict(
@@ -149,6 +156,8 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             triplet_features=8,
             triplet_neighbours=False,
             edge_state=EDGE_STATES.get(algorithm, 0),
+            decode_edge_state=False,
+            edge_targets=False,
             aggregation="adjacency",
             mode="deq",
             min_update=False,

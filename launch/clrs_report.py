@@ -92,7 +92,8 @@ def run_config(
 
     ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
     regularise; CLRS's baseline has none) and without ``decode_edge_latents``; the modes
-    other than ``deq`` run without the processor's ``edge_state`` (node states only).
+    other than ``deq`` run without the processor's ``edge_state`` and what reads it
+    (``decode_edge_state``, ``edge_targets`` with ``task.edge_target_weight``).
     """
     config = clrs_config(algorithm, "smoke" if smoke else None)
     config.model.mode = mode
@@ -101,6 +102,9 @@ def run_config(
         config.model.decode_edge_latents = False  # no fixed point's latents to decode
     if mode != "deq":
         config.model.edge_state = 0  # only the DEQ's solver carries the state pair
+        config.model.decode_edge_state = False
+        config.model.edge_targets = False
+        config.task.edge_target_weight = 0.0
     if steps:
         config.train.steps = steps
         config.train.warmup_steps = min(config.train.warmup_steps, steps // 10)

@@ -17,7 +17,7 @@ from deq_jax.nn.clrs_codec import (
     parse_spec,
 )
 from deq_jax.nn.clrs_loops import run_fixed_steps, unroll_to_fixed_point
-from deq_jax.nn.clrs_model import AUX_LOSS, ClrsModel
+from deq_jax.nn.clrs_model import AUX_LOSS, AUX_OUTPUTS, ClrsModel
 from deq_jax.nn.clrs_processors import (
     MPNN,
     ProcessorInputs,
@@ -503,6 +503,46 @@ def test_edge_state_model_solves_the_pair_with_finite_gradients():
     for bad in (dict(mode="hint_propagation"), dict(step_penalty=0.1), dict(processor="gmpnn")):
         with pytest.raises(ValueError, match="edge_state"):
             clrs_model("mst_prim", **(dict(processor="triplet_mpnn", edge_state=3) | bad))
+
+
+def test_decode_edge_state_feeds_the_fixed_points_edge_state_to_the_decoder():
+    _, adj, _, extras = task_batch("mst_prim", split="val")
+    kw = dict(processor="triplet_mpnn", triplet_features=4, edge_state=3)
+    model = clrs_model("mst_prim", decode_edge_state=True, **kw)
+    variables = init(model)
+    kernel = variables["params"]["output_decoder"]["decode_pi_edge"]["kernel"]
+    assert kernel.shape == (H + 3, H)  # input edge embedding + edge state
+    plain = init(clrs_model("mst_prim", **kw))["params"]["output_decoder"]
+    assert plain["decode_pi_edge"]["kernel"].shape == (H, H)
+    # The pointer logits depend on the edge state's rows of the kernel.
+    zeroed = jax.tree_util.tree_map(lambda v: v, variables)
+    zeroed["params"]["output_decoder"]["decode_pi_edge"]["kernel"] = kernel.at[H:].set(0)
+    run = jax.jit(lambda v: model.apply(v, adj, train=False, **extras)[0])
+    assert not np.allclose(run(variables), run(zeroed))
+    with pytest.raises(ValueError, match="decode_edge_state"):
+        clrs_model("mst_prim", processor="triplet_mpnn", decode_edge_state=True)
+
+
+def test_edge_targets_sow_logits_read_from_the_edge_state_in_training():
+    _, adj, _, extras = task_batch("mst_prim", split="val")
+    kw = dict(processor="triplet_mpnn", triplet_features=4, edge_state=3)
+    model = clrs_model("mst_prim", edge_targets=True, **kw)
+    variables = init(model)
+    assert variables["params"]["edge_target_decoder"]["kernel"].shape == (3, 2)
+    assert "intermediates" not in variables
+
+    def run(params):
+        (_, _), state = model.apply(
+            {"params": params}, adj, train=True, rngs=RNGS, mutable=["intermediates"], **extras
+        )
+        return state["intermediates"][AUX_OUTPUTS][0]
+
+    pairs = jax.jit(run)(variables["params"])
+    chex.assert_shape(pairs, (*adj.shape, 2))
+    grads = jax.grad(lambda p: jnp.square(run(p)).sum())(variables["params"])
+    assert float(jnp.abs(grads["cell"]["edge_update"]["kernel"]).sum()) > 0  # through z*
+    with pytest.raises(ValueError, match="edge_targets"):
+        clrs_model("mst_prim", processor="triplet_mpnn", edge_targets=True)
 
 
 def test_bad_model_arguments():

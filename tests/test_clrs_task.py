@@ -169,6 +169,63 @@ def test_shortest_path_loss_weighs_the_near_ties():
         clrs.ClrsTask(config, near_tie_margin=0)
 
 
+def test_tree_relations_known_answer_and_against_the_pointer_walk():
+    # 0 is the root; 1 <- 0, 2 <- 1, 3 <- 2, 4 <- 2; node 5 was never reached.
+    tree, ancestor = map(np.asarray, clrs.tree_relations(np.array([[0, 0, 1, 2, 2, 5]])))
+    edges = {(0, 1), (1, 2), (2, 3), (2, 4)}
+    want_tree = np.zeros((6, 6), bool)
+    for u, v in edges:
+        want_tree[u, v] = want_tree[v, u] = True
+    np.testing.assert_array_equal(tree[0], want_tree)
+    want = {1: {0}, 2: {0, 1}, 3: {0, 1, 2}, 4: {0, 1, 2}}
+    for i in range(6):
+        assert set(np.flatnonzero(ancestor[0, i])) == want.get(i, set())
+    # Against walking the pointers, on Prim's 32-node graphs (depths well past 2).
+    arrays = clrs.ClrsTask(clrs.ClrsConfig("mst_prim", eval_size=8, test_nodes=(32,))).source(
+        "test_32"
+    )
+    tree, ancestor = map(np.asarray, clrs.tree_relations(arrays["targets"]))
+    for parents, t, a in zip(arrays["targets"], tree, ancestor, strict=True):
+        for i in range(len(parents)):
+            path, v = set(), i
+            while parents[v] != v:
+                v = parents[v]
+                path.add(v)
+            assert set(np.flatnonzero(a[i])) == path
+            assert set(np.flatnonzero(t[i])) == (
+                {j for j in range(len(parents)) if parents[j] == i and j != i}
+                | ({parents[i]} - {i})
+            )
+    assert ancestor.sum(-1).max() > 4
+
+
+def test_edge_target_loss_adds_the_tree_facts_binary_cross_entropy():
+    config = clrs.ClrsConfig("mst_prim", eval_size=4)
+    arrays = clrs.ClrsTask(config).source("val")
+    rng = np.random.default_rng(3)
+    logits = jnp.asarray(rng.normal(size=(4, 16, 16)), jnp.float32)
+    pairs = jnp.asarray(rng.normal(size=(4, 16, 16, 2)), jnp.float32)
+    targets, mask = jnp.asarray(arrays["targets"]), jnp.ones(4, bool)
+    inputs = jnp.asarray(arrays["inputs"])
+    plain = clrs.ClrsTask(config).loss(logits, targets, mask, inputs=inputs)
+    task = clrs.ClrsTask(config, edge_target_weight=0.5)
+    got = task.loss(logits, targets, mask, inputs=inputs, aux_outputs=pairs)
+    labels = np.stack([np.asarray(r) for r in clrs.tree_relations(arrays["targets"])], -1)
+    x = np.asarray(pairs, np.float64)
+    bce = np.maximum(x, 0) - x * labels + np.log1p(np.exp(-np.abs(x)))
+    off = ~np.eye(16, dtype=bool)
+    want = plain + 0.5 * np.mean([bce[b][off].mean() for b in range(4)])
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(ValueError, match="edge_targets"):
+        task.loss(logits, targets, mask, inputs=inputs)  # the model sowed nothing
+    with pytest.raises(ValueError, match="edge_targets"):
+        clrs.ClrsTask(config).loss(logits, targets, mask, inputs=inputs, aux_outputs=pairs)
+    with pytest.raises(ValueError, match="parent-pointer"):
+        clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", eval_size=2), edge_target_weight=1)
+    with pytest.raises(ValueError, match="edge_target_weight"):
+        clrs.ClrsTask(config, edge_target_weight=-1)
+
+
 def test_lightest_neighbour_score_is_the_local_rule_on_prim_graphs():
     task = clrs.ClrsTask(clrs.ClrsConfig("mst_prim", test_nodes=(24,), eval_size=6))
     arrays = task.source("test_24")
@@ -258,6 +315,8 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
     kruskal = algorithm == "mst_kruskal"
     if kruskal:
         config.task.non_tree_edge_weight = 5.0  # the weighted loss through the loop
+    if algorithm == "mst_prim":  # the edge state's targets reach the task's loss
+        config.model.edge_targets, config.task.edge_target_weight = True, 1.0
     if mode == "fixed_steps":
         config.regularizer.jacobian_weight = 0.0  # no fixed point to regularise
         config.model.decode_edge_latents = False

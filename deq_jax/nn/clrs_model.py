@@ -27,7 +27,10 @@ in training the ``pos`` input, ``i / n``, is replaced by ``n`` sorted uniform dr
 graph, so node order is kept but the model cannot key on spacings of ``1 / n`` it will
 not see on larger graphs; evaluation keeps ``i / n``). Hint and step losses are sown
 per example as ``"aux_loss"`` into ``"intermediates"``, which the train step adds to
-the task loss.
+the task loss. With ``edge_targets`` the model also sows, as ``"aux_outputs"``, logits
+``[B, n, n, 2]`` read linearly from the fixed point's edge state, which the task's loss
+scores against pairwise facts of the true tree (`deq_jax.tasks.clrs.ClrsTask`'s
+``edge_target_weight``).
 
 Call: ``model.apply(variables, adjacency [B, n, n], train=..., lengths=int32 [B],
 input_<name>=..., hint_<name>=[B, T, ...], **deq_options) -> (outputs, stats)``:
@@ -73,6 +76,7 @@ from deq_jax.solvers.base import Solver, SolverStats
 
 MODES = ("deq", "hint_propagation", "fixed_steps")
 AUX_LOSS = "aux_loss"
+AUX_OUTPUTS = "aux_outputs"
 
 
 class ClrsModel(nn.Module):
@@ -89,6 +93,11 @@ class ClrsModel(nn.Module):
       edge_state: the width of the Triplet-MPNN's persistent edge state (0: none; see
         `deq_jax.nn.clrs_processors`); mode ``"deq"`` only, whose solver takes the
         state pair.
+      edge_targets: sow logits ``[B, n, n, 2]`` read linearly from the fixed point's
+        edge state as ``"aux_outputs"`` (module docstring; needs ``edge_state``).
+      decode_edge_state: hand the output decoder the edge state at the fixed point
+        beside the input edge embeddings (needs ``edge_state``), so a pointer from
+        ``i`` to ``j`` reads the pair's own state, not only what the node states hold.
       aggregation: the processor's ``"adjacency"`` or ``"full"`` max aggregation.
       mode: ``"deq"``, ``"hint_propagation"`` or ``"fixed_steps"``.
       min_update: the cell's min update; ``softmin_tau > 0`` makes it smooth.
@@ -123,6 +132,8 @@ class ClrsModel(nn.Module):
     triplet_features: int = 8
     triplet_neighbours: bool = False
     edge_state: int = 0
+    decode_edge_state: bool = False
+    edge_targets: bool = False
     aggregation: str = "adjacency"
     mode: str = "deq"
     min_update: bool = False
@@ -170,6 +181,9 @@ class ClrsModel(nn.Module):
                 f"(the others run on node states only); got {self.processor!r}, {self.mode!r}, "
                 f"step_penalty={self.step_penalty}."
             )
+        for name in ("decode_edge_state", "edge_targets"):
+            if getattr(self, name) and not self.edge_state:
+                raise ValueError(f"{name} needs an edge state (edge_state > 0).")
         if not 0.0 <= self.teacher_forcing <= 1.0:
             raise ValueError(f"teacher_forcing must lie in [0, 1], got {self.teacher_forcing}.")
         super().__post_init__()
@@ -314,7 +328,13 @@ class ClrsModel(nn.Module):
         out = of_stage(self.spec, "output")[0]
         nodes = z[0] if self.edge_state else z  # the edge state is read through the cell
         h = jnp.concatenate([base.node, nodes], axis=-1)  # [B, n, 2H]
+        if self.edge_targets:  # pairwise facts of the tree, scored by the task's loss
+            pairs = nn.Dense(2, name="edge_target_decoder")(z[1])  # [B, n, n, 2]
+            if not init:
+                self.sow("intermediates", AUX_OUTPUTS, pairs)
         edge = base.edge
+        if self.decode_edge_state:
+            edge = jnp.concatenate([edge, z[1]], axis=-1)  # [B, n, n, H + F]
         if self.decode_edge_latents:
             if edge_latents is None:
                 _, edge_latents = cell(z, x, return_edges=True)

@@ -54,6 +54,9 @@ INTERMEDIATES = "intermediates"
 # Per-example losses ``[B]`` a model sows into "intermediates" under this name (e.g. the
 # CLRS model's hint loss and step penalty); the train step adds their masked mean.
 AUX_LOSS = "aux_loss"
+# Outputs a model sows beside its main ones (e.g. the CLRS model's edge-state logits);
+# the train step hands them to the task's loss as ``aux_outputs``.
+AUX_OUTPUTS = "aux_outputs"
 
 
 def classification_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
@@ -169,7 +172,8 @@ def make_train_step(
 
     A model that sows per-example losses ``[B]`` as ``"aux_loss"`` into
     ``"intermediates"`` (`AUX_LOSS`) has their mean over the real examples added to
-    the loss and reported as ``aux_loss``.
+    the loss and reported as ``aux_loss``. What it sows as ``"aux_outputs"``
+    (`AUX_OUTPUTS`) goes to ``loss_fn`` as the keyword ``aux_outputs``.
 
     Returns:
       The jitted step. ``metrics`` holds ``loss`` (the optimised loss), ``task_loss``,
@@ -221,7 +225,14 @@ def make_train_step(
             )
             new_model_state = dict(new_model_state)
             intermediates = new_model_state.pop(INTERMEDIATES, {})
-            task_loss = task_loss_of(outputs, targets, mask, inputs=inputs, **extra)
+            aux_outputs = sown(intermediates, AUX_OUTPUTS, required=False)
+            if aux_outputs is not None and loss_fn is None:
+                raise ValueError(
+                    "The model sows aux_outputs, which only a task's own loss can score "
+                    "(make_train_step(loss_fn=...))."
+                )
+            more = {} if aux_outputs is None else {"aux_outputs": aux_outputs}
+            task_loss = task_loss_of(outputs, targets, mask, inputs=inputs, **extra, **more)
             loss = task_loss
             aux_loss = sown(intermediates, AUX_LOSS, required=False)
             if aux_loss is not None:

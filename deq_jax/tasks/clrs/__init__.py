@@ -34,7 +34,8 @@ puts one algorithm behind the uniform task interface, with CLRS's scores
 (`pointer_score`, `mask_score`) and the model spec `model_spec` of
 `deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`. Its loss weights and
 reference scores read per-node facts of the true solution from
-`deq_jax.tasks.clrs.local_rules` (`lightest_neighbours`, `near_tie_gaps`).
+`deq_jax.tasks.clrs.local_rules` (`lightest_neighbours`, `near_tie_gaps`,
+`tree_relations`).
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -43,7 +44,7 @@ References:
 """
 
 from deq_jax.tasks.clrs.graphs import adjacency, er_graph
-from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps
+from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
 from deq_jax.tasks.clrs.sampler import (
     CLRS30_SEEDS,
     GRAPH_DISTRIBUTIONS,
@@ -117,4 +118,5 @@ __all__ = [
     "run_algorithm",
     "sample_dataset",
     "sample_example",
+    "tree_relations",
 ]

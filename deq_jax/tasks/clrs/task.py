@@ -49,7 +49,7 @@ import optax
 
 from deq_jax.tasks.base import Task
 from deq_jax.tasks.clrs import specs
-from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps
+from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
 from deq_jax.tasks.clrs.sampler import CLRS30_SEEDS, sample_example
 
 TRAIN, VAL = "train", "val"
@@ -239,6 +239,16 @@ def mask_score(logits, targets, mask=None) -> dict:
     }
 
 
+def edge_target_loss(logits, parents) -> jax.Array:
+    """Per-graph ``[B]`` mean binary cross-entropy of ``logits [B, n, n, 2]`` against
+    `tree_relations` of ``parents [B, n]`` (tree edge, ancestor), off the diagonal."""
+    n = parents.shape[-1]
+    labels = jnp.stack(tree_relations(parents), axis=-1).astype(logits.dtype)
+    bce = optax.sigmoid_binary_cross_entropy(logits, labels)  # [B, n, n, 2]
+    off_diagonal = ~jnp.eye(n, dtype=bool)[..., None]
+    return jnp.where(off_diagonal, bce, 0.0).sum(axis=(1, 2, 3)) / (2 * n * max(n - 1, 1))
+
+
 class ClrsTask(Task):
     """A CLRS-30 algorithm behind the uniform task interface (module docstring).
 
@@ -262,6 +272,13 @@ class ClrsTask(Task):
         errors of a trained model at 64 nodes are mostly such nodes.
       near_tie_margin: the path-length margin of a near-tie (edge weights lie in
         [0, 1]).
+      edge_target_weight: node-pointer outputs only: the weight, in `loss`, of the
+        binary cross-entropy of the model's ``aux_outputs`` (``ClrsModel(edge_targets=
+        True)``: two logits per node pair read from its edge state) against two
+        pairwise facts of the true tree (`tree_relations`): the pair is a tree edge,
+        and the second node is an ancestor of the first. Both follow from the output
+        pointers, so no hint is used. 0: no such term, and a model that sows
+        ``aux_outputs`` is an error.
 
     Raises:
       ValueError: for a negative weight, or a weight other than 1 for an algorithm it
@@ -278,6 +295,7 @@ class ClrsTask(Task):
         hard_parent_weight: float = 1.0,
         near_tie_weight: float = 1.0,
         near_tie_margin: float = 0.05,
+        edge_target_weight: float = 0.0,
     ):
         self.config = config
         alg = config.algorithm
@@ -292,6 +310,14 @@ class ClrsTask(Task):
         self.near_tie_margin = float(near_tie_margin)
         if self.near_tie_margin <= 0:
             raise ValueError(f"near_tie_margin must be > 0, got {near_tie_margin}.")
+        self.edge_target_weight = float(edge_target_weight)
+        if self.edge_target_weight < 0:
+            raise ValueError(f"edge_target_weight must be >= 0, got {edge_target_weight}.")
+        if self.edge_target_weight and self.output_type != specs.Type.POINTER:
+            raise ValueError(
+                f"edge_target_weight scores a parent-pointer tree, not {alg}'s output "
+                f"{self.output!r}."
+            )
         for name, value, applies, what in (
             (
                 "non_tree_edge_weight",
@@ -375,7 +401,7 @@ class ClrsTask(Task):
         parents = lightest_neighbours(arrays["input_A"], arrays["input_s"])
         return float((np.asarray(parents) == arrays["targets"]).mean())
 
-    def loss(self, outputs, targets, mask, inputs, **extras) -> jax.Array:
+    def loss(self, outputs, targets, mask, inputs, aux_outputs=None, **extras) -> jax.Array:
         """The training loss: the mean cross-entropy over every output entry, per graph,
         averaged over the real graphs (CLRS's), with ``non_tree_edge_weight`` on the
         entries of edges outside the tree (edge-mask outputs) and ``hard_parent_weight``
@@ -387,12 +413,23 @@ class ClrsTask(Task):
           targets: int ``[B, n]`` parents or ``[B, n, n]`` 0/1 tree edges.
           mask: ``[B]`` bool, false for padding rows.
           inputs: ``[B, n, n]``, the adjacency (self-loops included).
+          aux_outputs: ``[B, n, n, 2]`` logits of the model's edge state, with
+            ``edge_target_weight`` (and only then).
           extras: the batch's other features (``input_A``, and MST-Prim's ``input_s``,
             with ``hard_parent_weight`` or ``near_tie_weight``).
 
         Returns:
           A scalar.
+
+        Raises:
+          ValueError: when ``aux_outputs`` is given without ``edge_target_weight`` or
+            missing with it.
         """
+        if (aux_outputs is None) != (self.edge_target_weight == 0):
+            raise ValueError(
+                "task.edge_target_weight > 0 scores the model's edge-state logits: set both "
+                "it and model.edge_targets=True, or neither."
+            )
         ce = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)  # [B, ...]
         if self.hard_parent_weight != 1.0:
             rule = lightest_neighbours(extras["input_A"], extras["input_s"])
@@ -405,6 +442,8 @@ class ClrsTask(Task):
             edges = (inputs > 0.5) & ~jnp.eye(n, dtype=bool)  # [B, n, n], no self-loops
             ce = jnp.where(edges & (targets == 0), self.non_tree_edge_weight * ce, ce)
         per_graph = ce.reshape(ce.shape[0], -1).mean(axis=1)
+        if aux_outputs is not None:
+            per_graph = per_graph + self.edge_target_weight * edge_target_loss(aux_outputs, targets)
         weight = jnp.asarray(mask, per_graph.dtype)
         return jnp.sum(weight * per_graph) / jnp.maximum(jnp.sum(weight), 1.0)
 
@@ -430,13 +469,15 @@ def clrs(
     hard_parent_weight: float = 1.0,
     near_tie_weight: float = 1.0,
     near_tie_margin: float = 0.05,
+    edge_target_weight: float = 0.0,
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
     ``data_dir`` is accepted for a uniform call signature and unused (generated in
     memory). ``non_tree_edge_weight``, ``hard_parent_weight`` and ``near_tie_weight``
-    (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses
-    (see `ClrsTask`).
+    (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses;
+    ``edge_target_weight`` scores a model's edge state against the true tree (see
+    `ClrsTask`).
     """
     del data_dir  # Generated in memory.
     config = ClrsConfig(
@@ -454,4 +495,5 @@ def clrs(
         hard_parent_weight=hard_parent_weight,
         near_tie_weight=near_tie_weight,
         near_tie_margin=near_tie_margin,
+        edge_target_weight=edge_target_weight,
     )
