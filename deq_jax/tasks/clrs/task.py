@@ -406,7 +406,8 @@ class ClrsTask(Task):
         averaged over the real graphs (CLRS's), with ``non_tree_edge_weight`` on the
         entries of edges outside the tree (edge-mask outputs) and ``hard_parent_weight``
         on the nodes whose parent is not their lightest neighbour (MST-Prim) and
-        ``near_tie_weight`` on the near-tie nodes (Bellman-Ford, Dijkstra).
+        ``near_tie_weight`` on the near-tie nodes (Bellman-Ford, Dijkstra); with
+        ``edge_target_weight``, plus that weight times `edge_target_loss` per graph.
 
         Args:
           outputs: logits, ``[B, n, n]`` (pointer) or ``[B, n, n, 2]`` (edge mask).
