@@ -31,9 +31,9 @@ Unknown algorithm names raise a ValueError that lists the valid ones.
 
 `ClrsTask` (registered as the task ``clrs``, ``tasks.get("clrs", algorithm="bfs")``)
 puts one algorithm behind the uniform task interface, with CLRS's scores
-(`pointer_score`, `mask_score`) and the model spec `model_spec` of
-`deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`. Its loss weights and
-reference scores read per-node facts of the true solution from
+(`pointer_score`, `mask_score`, in `deq_jax.tasks.clrs.scores`) and the model spec
+`model_spec` of `deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`. Its
+loss weights and reference scores read per-node facts of the true solution from
 `deq_jax.tasks.clrs.local_rules` (`lightest_neighbours`, `near_tie_gaps`,
 `tree_relations`).
 
@@ -59,6 +59,7 @@ from deq_jax.tasks.clrs.sampler import (
     sample_dataset,
     sample_example,
 )
+from deq_jax.tasks.clrs.scores import f1_from_counts, mask_score, pointer_score
 from deq_jax.tasks.clrs.shortest_paths import bellman_ford, dijkstra
 from deq_jax.tasks.clrs.spanning_trees import mst_kruskal, mst_prim
 from deq_jax.tasks.clrs.specs import (
@@ -71,14 +72,7 @@ from deq_jax.tasks.clrs.specs import (
     check_algorithm,
     feature_shape,
 )
-from deq_jax.tasks.clrs.task import (
-    ClrsConfig,
-    ClrsTask,
-    f1_from_counts,
-    mask_score,
-    model_spec,
-    pointer_score,
-)
+from deq_jax.tasks.clrs.task import ClrsConfig, ClrsTask, model_spec
 from deq_jax.tasks.clrs.traversal import bfs, dfs
 
 __all__ = [

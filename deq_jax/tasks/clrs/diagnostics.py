@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from deq_jax.tasks.clrs.local_rules import near_tie_gaps
-from deq_jax.tasks.clrs.task import f1_from_counts
+from deq_jax.tasks.clrs.scores import f1_from_counts
 
 # Depth bins (inclusive ranges of hops to the root) of `pointer_errors`.
 DEPTH_BINS = ((0, 0), (1, 2), (3, 5), (6, 9), (10, 15), (16, None))
