@@ -33,7 +33,9 @@ Sections:
     ``jacobian_weight_steps`` steps (0: no ramp), applied on a step with probability
     ``jacobian_freq`` (p) with ``jacobian_samples`` Hutchinson probes (M); the spectral
     radius of ``J_f(z*)`` is logged every ``spectral_every`` steps (0: never) with
-    ``spectral_iters`` power iterations.
+    ``spectral_iters`` power iterations; ``spectral_weight > 0`` adds
+    ``spectral_weight * max(0, rho - spectral_target)^2`` on every step, ``rho`` from
+    ``spectral_penalty_iters`` detached power steps and two differentiated ones.
   path_independence: training interventions of Anil et al. (2022), off by default
     (`deq_jax.training.interventions.PathIndependence`): a randomised forward budget
     drawn per step from ``budget_choices`` evenly spaced values in ``[budget_min,
@@ -188,6 +190,9 @@ def get_config() -> ConfigDict:
             jacobian_samples=1,
             spectral_every=0,
             spectral_iters=20,
+            spectral_weight=0.0,
+            spectral_target=1.0,
+            spectral_penalty_iters=10,
         )
     )
 

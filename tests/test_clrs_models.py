@@ -475,14 +475,23 @@ def test_jacobian_terms_per_mode():
     model = clrs_model(mode="hint_propagation")  # the DEQ mode's come from `deq_jax.nn.DEQ`
     _, state = model.apply(
         init(model), adj, train=True, rngs=rngs, mutable=["intermediates"],
-        jacobian_samples=1, spectral_iters=3, **extras,
+        jacobian_samples=1, spectral_iters=3, spectral_penalty_iters=2, **extras,
     )  # fmt: skip
     terms = state["intermediates"]
     assert terms["jacobian_term"][0].shape == terms["spectral_radius"][0].shape == (8,)
-    assert np.all(terms["jacobian_term"][0] > 0)
+    assert terms["spectral_estimate"][0].shape == (8,)
+    assert np.all(terms["jacobian_term"][0] > 0) and np.all(terms["spectral_estimate"][0] > 0)
+    model = clrs_model(mode="deq")
+    _, state = model.apply(
+        init(model), adj, train=True, rngs=rngs, mutable=["intermediates"],
+        spectral_penalty_iters=2, **extras,
+    )  # fmt: skip
+    assert list(state["intermediates"]) == ["deq"]  # sown by the DEQ it solves with
+    assert state["intermediates"]["deq"]["spectral_estimate"][0].shape == (8,)
     model = clrs_model(mode="fixed_steps")
-    with pytest.raises(ValueError, match="fixed point"):
-        model.apply(init(model), adj, train=True, rngs=rngs, jacobian_samples=1, **extras)
+    for option in ("jacobian_samples", "spectral_penalty_iters"):
+        with pytest.raises(ValueError, match="fixed point"):
+            model.apply(init(model), adj, train=True, rngs=rngs, **{option: 1}, **extras)
 
 
 def test_edge_state_model_solves_the_pair_with_finite_gradients():

@@ -157,6 +157,86 @@ def test_spectral_radius_pytree_and_zero_jacobian():
     np.testing.assert_allclose(zero, 0.0, atol=1e-30)
 
 
+def test_penalty_estimate_symmetric_value_and_gradient(x64):
+    q, _ = jnp.linalg.qr(jax.random.normal(jax.random.PRNGKey(0), (D, D), jnp.float64))
+    eigenvalues = jnp.array([-1.3, 0.9, 0.5, 0.2, -0.1, 0.05])
+    a = (q * eigenvalues) @ q.T  # symmetric, dominant eigenvalue -1.3 along q[:, 0]
+    z = jnp.zeros((B, D), jnp.float64)
+    key = jax.random.PRNGKey(1)
+    estimate = lambda a: regularizers.spectral_radius_penalty_estimate(_linear_cell, z, a, key, 60)
+    chex.assert_shape(estimate(a), (B,))
+    np.testing.assert_allclose(estimate(a), 1.3, rtol=1e-8)
+    # d|lambda_1| / dA = sign(lambda_1) u u^T for a symmetric A, per sample.
+    grad = jax.grad(lambda a: estimate(a).sum())(a)
+    u = q[:, 0]
+    np.testing.assert_allclose(grad, -B * jnp.outer(u, u), atol=1e-7)
+    direction = jax.random.normal(jax.random.PRNGKey(2), (D, D), jnp.float64)
+    direction = direction + direction.T
+    h = 1e-6
+    fd = (estimate(a + h * direction).sum() - estimate(a - h * direction).sum()) / (2 * h)
+    np.testing.assert_allclose(fd, jnp.sum(grad * direction), rtol=1e-5)
+
+
+def test_penalty_estimate_differentiates_only_the_tail(x64):
+    w, x, z = _problem(jnp.float64)
+    key, iters = jax.random.PRNGKey(3), 5
+    estimate = lambda w, z, tail: regularizers.spectral_radius_penalty_estimate(
+        _tanh_cell, z, (w, x), key, iters, tail=tail
+    )
+    # z* is a constant.
+    np.testing.assert_array_equal(jax.grad(lambda z: estimate(w, z, 2).sum())(z), 0.0)
+    # The power steps are constants: the gradient is that of ||J_w v|| for their v.
+    jvp = lambda w, v: jax.jvp(lambda zz: _tanh_cell(zz, (w, x)), (z,), (v,))[1]
+    unit = lambda v: v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+    v = unit(jax.random.normal(key, z.shape, z.dtype))
+    for _ in range(iters):
+        v = unit(jvp(w, v))
+    expected = jax.grad(lambda w: jnp.linalg.norm(jvp(w, v), axis=-1).sum())(w)
+    np.testing.assert_allclose(jax.grad(lambda w: estimate(w, z, 1).sum())(w), expected, rtol=1e-8)
+
+
+def test_penalty_estimate_pytree_and_no_power_steps():
+    state = {"a": jnp.ones((B, 3)), "b": jnp.ones((B, 2))}
+    f = lambda s, c: {"a": 0.5 * s["a"], "b": c * s["b"]}
+    rho = regularizers.spectral_radius_penalty_estimate(f, state, -2.0, jax.random.PRNGKey(0), 30)
+    np.testing.assert_allclose(rho, 2.0, rtol=1e-5)
+    w, x, z = _problem()
+    crude = regularizers.spectral_radius_penalty_estimate(
+        _tanh_cell, z, (w, x), jax.random.PRNGKey(0), 0
+    )  # growth of a random direction: at most the spectral norm
+    for b in range(B):
+        jac = jax.jacfwd(lambda v, b=b: jnp.tanh(v @ w + x[b]))(z[b])
+        assert 0 < crude[b] <= jnp.linalg.norm(jac, 2) * (1 + 1e-5)
+
+
+def test_descent_on_the_hinge_brings_rho_under_the_target():
+    a0 = 1.2 * jnp.eye(D) + 0.1 * jax.random.normal(jax.random.PRNGKey(0), (D, D))
+    z = jnp.zeros((B, D))
+    target = 0.9
+
+    @jax.jit
+    def descend(a, key):
+        rho = lambda a: regularizers.spectral_radius_penalty_estimate(_linear_cell, z, a, key, 10)
+        hinge = lambda a: jnp.mean(jnp.square(jax.nn.relu(rho(a) - target)))
+        return a - 0.5 * jax.grad(hinge)(a)
+
+    a = a0
+    for step in range(300):
+        a = descend(a, jax.random.PRNGKey(step))
+    exact = lambda a: float(jnp.max(jnp.abs(jnp.linalg.eigvals(a))))
+    assert exact(a0) > 1.1
+    assert exact(a) < target + 0.02
+
+
+@pytest.mark.parametrize("iters, tail", [(-1, 2), (1.0, 2), (3, 0)])
+def test_bad_penalty_estimate_arguments(iters, tail):
+    w, x, z = _problem()
+    with pytest.raises(ValueError, match="iters" if tail else "tail"):
+        regularizers.spectral_radius_penalty_estimate(
+            _tanh_cell, z, (w, x), jax.random.PRNGKey(0), iters, tail=tail
+        )
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.0])
 def test_bad_num_samples_and_iters(bad):
     w, x, z = _problem()

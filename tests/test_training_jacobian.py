@@ -41,7 +41,14 @@ def test_unknown_regularizer_key_lists_the_valid_ones():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("jacobian_weight", -1.0), ("jacobian_freq", 1.5), ("jacobian_samples", 0)],
+    [
+        ("jacobian_weight", -1.0),
+        ("jacobian_freq", 1.5),
+        ("jacobian_samples", 0),
+        ("spectral_weight", -1.0),
+        ("spectral_target", 0.0),
+        ("spectral_penalty_iters", 0),
+    ],
 )
 def test_bad_regularizer_values(field, value):
     with pytest.raises(ValueError, match=field):
@@ -53,6 +60,13 @@ def test_default_config_has_the_regularizer_off():
     assert not reg.enabled
     assert JacobianRegularizer(jacobian_weight=1.0).enabled
     assert not JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.0).enabled
+    assert not reg.spectral_enabled and JacobianRegularizer(spectral_weight=1.0).spectral_enabled
+
+
+def test_spectral_hinge():
+    reg = JacobianRegularizer(spectral_weight=1.0, spectral_target=0.9)
+    got = reg.spectral_penalty(jnp.array([0.5, 0.9, 1.2]))
+    np.testing.assert_allclose(got, [0, 0, 0.09], rtol=1e-5, atol=1e-7)
 
 
 def test_linear_weight_schedule():
@@ -83,6 +97,7 @@ def test_deq_sows_the_jacobian_term_and_spectral_radius():
             train=True,
             jacobian_samples=2,
             spectral_iters=5,
+            spectral_penalty_iters=3,
             rngs={"jacobian": jax.random.key(2)},
             mutable=["intermediates"],
         )
@@ -92,9 +107,11 @@ def test_deq_sows_the_jacobian_term_and_spectral_radius():
     sown = term(variables["params"])
     assert sown["jacobian_term"][0].shape == (3,)
     assert sown["spectral_radius"][0].shape == (3,)
+    assert sown["spectral_estimate"][0].shape == (3,)
     assert np.all(np.asarray(sown["jacobian_term"][0]) > 0)
-    grads = jax.grad(lambda p: jnp.sum(term(p)["jacobian_term"][0]))(variables["params"])
-    assert float(jnp.abs(grads["cell"]["recurrent"]["kernel"]).sum()) > 0
+    for name in ("jacobian_term", "spectral_estimate"):
+        grads = jax.grad(lambda p, name=name: jnp.sum(term(p)[name][0]))(variables["params"])
+        assert float(jnp.abs(grads["cell"]["recurrent"]["kernel"]).sum()) > 0
     with pytest.raises(ValueError, match="'jacobian' rng"):
         model.apply(variables, x, train=True, jacobian_samples=1, mutable=["intermediates"])
 
@@ -150,6 +167,24 @@ def test_regularizer_adds_gamma_times_the_term(synthetic_run):
     )
     np.testing.assert_allclose(on["mse"], off["mse"], rtol=1e-6)
     assert not np.allclose(on["grad_norm"], off["grad_norm"])
+
+
+def test_spectral_weight_adds_the_weighted_hinge(synthetic_run):
+    run, batch = synthetic_run
+    _, off = _step(run, batch, JacobianRegularizer())
+    low = JacobianRegularizer(spectral_weight=3.0, spectral_target=1e-3)  # hinge on
+    _, on = _step(run, batch, low)
+    assert "spectral_hinge" not in off
+    assert float(on["spectral_estimate"]) > 1e-3 and float(on["spectral_hinge"]) > 0
+    np.testing.assert_allclose(on["task_loss"], off["loss"], rtol=1e-6)
+    np.testing.assert_allclose(
+        on["loss"], off["loss"] + 3.0 * on["spectral_hinge"], rtol=1e-6, atol=1e-7
+    )
+    assert not np.allclose(on["grad_norm"], off["grad_norm"])
+    _, idle = _step(run, batch, JacobianRegularizer(spectral_weight=3.0, spectral_target=1e3))
+    assert float(idle["spectral_hinge"]) == 0.0
+    np.testing.assert_allclose(idle["loss"], off["loss"], rtol=1e-6)
+    np.testing.assert_allclose(idle["grad_norm"], off["grad_norm"], rtol=1e-5)
 
 
 def test_a_task_loss_replaces_the_default_and_sees_the_inputs(synthetic_run):

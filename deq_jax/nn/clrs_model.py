@@ -69,8 +69,7 @@ from deq_jax.nn.clrs_codec import (
 )
 from deq_jax.nn.clrs_loops import ClrsStep, per_sample_norm, run_fixed_steps, unroll_to_fixed_point
 from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
-from deq_jax.nn.deq import initial_state, solve_cell
-from deq_jax.regularizers.jacobian import jacobian_frobenius, spectral_radius
+from deq_jax.nn.deq import initial_state, solve_cell, sow_jacobian_terms
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
 
@@ -255,6 +254,7 @@ class ClrsModel(nn.Module):
         stats_probe: jax.Array | None = None,
         jacobian_samples: int = 0,
         spectral_iters: int = 0,
+        spectral_penalty_iters: int = 0,
         alignment: bool = False,
         **features: jax.Array,
     ) -> tuple[jax.Array, SolverStats]:
@@ -262,7 +262,8 @@ class ClrsModel(nn.Module):
 
         ``max_iter`` overrides the iteration budget (ignored by ``fixed_steps``, which
         takes ``lengths``); ``z0``, ``stats_probe``, ``jacobian_samples``,
-        ``spectral_iters`` and ``alignment`` are the `DEQ` options (the Jacobian terms
+        ``spectral_iters``, ``spectral_penalty_iters`` and ``alignment`` are the `DEQ`
+        options (the Jacobian terms
         also work in ``hint_propagation``; ``fixed_steps`` has no fixed point for them).
         """
         if inputs.ndim != 3 or inputs.shape[1] != inputs.shape[2]:
@@ -285,7 +286,7 @@ class ClrsModel(nn.Module):
         aux = []
         edge_latents = None  # the Triplet-GMPNN's edge latents at z*, for the decoder
         if self.mode == "fixed_steps":
-            if jacobian_samples or spectral_iters:
+            if jacobian_samples or spectral_iters or spectral_penalty_iters:
                 raise ValueError(
                     "Jacobian terms need a fixed point: mode 'deq' or 'hint_propagation' (for "
                     "'fixed_steps' set regularizer.jacobian_weight=0 and spectral_every=0)."
@@ -296,7 +297,11 @@ class ClrsModel(nn.Module):
             cell = make_processor(self.processor, name="cell", **dict(self._processor_kwargs()))
             if self.mode == "deq":
                 options = dict(z0=z0, stats_probe=stats_probe, alignment=alignment)
-                options.update(jacobian_samples=jacobian_samples, spectral_iters=spectral_iters)
+                options.update(
+                    jacobian_samples=jacobian_samples,
+                    spectral_iters=spectral_iters,
+                    spectral_penalty_iters=spectral_penalty_iters,
+                )
                 z, stats = solve_cell(self, cell, x, train, max_iter, options)
                 penalty = None
                 if self.decode_edge_latents:  # one cell call at z* serves both
@@ -320,7 +325,9 @@ class ClrsModel(nn.Module):
                     tol=self.solver.tol,
                     stop_mode=self.solver.stop_mode,
                 )
-                self._sow_jacobian(f, z, args, jacobian_samples, spectral_iters)
+                self._sow_jacobian(
+                    f, z, args, jacobian_samples, spectral_iters, spectral_penalty_iters
+                )
         if self.step_penalty:
             aux.append(self.step_penalty * penalty)
         if aux and not init:
@@ -345,19 +352,12 @@ class ClrsModel(nn.Module):
             logits = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)  # [B, n, n, 2]
         return logits, stats
 
-    def _sow_jacobian(self, f, z, args, samples: int, iters: int) -> None:
-        """Sows the DEQ's Jacobian term and spectral radius at the detached final state."""
-        if not (samples or iters):
-            return
-        k_term, k_rho = jax.random.split(self.make_rng("jacobian"))
-        z = jax.lax.stop_gradient(z)
-        if samples:
-            self.sow(
-                "intermediates", "jacobian_term", jacobian_frobenius(f, z, args, k_term, samples)
-            )
-        if iters:
-            rho = jax.lax.stop_gradient(spectral_radius(f, z, args, k_rho, iters))
-            self.sow("intermediates", "spectral_radius", rho)
+    def _sow_jacobian(self, f, z, args, samples: int, iters: int, penalty_iters: int) -> None:
+        """Sows the unrolled map's Jacobian estimates at the detached final state
+        (`deq_jax.nn.deq.sow_jacobian_terms`)."""
+        if samples or iters or penalty_iters:
+            key = self.make_rng("jacobian")
+            sow_jacobian_terms(self, f, z, args, key, samples, iters, penalty_iters)
 
     def _fixed_steps(self, x, hints, lengths, z0, train: bool, init: bool):
         """Runs ``max(length - 1, 1)`` supervised steps per example (module docstring)."""

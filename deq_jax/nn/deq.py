@@ -24,7 +24,11 @@ from deq_jax import _flat
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.fixed_point import fixed_point
-from deq_jax.regularizers.jacobian import jacobian_frobenius, spectral_radius
+from deq_jax.regularizers.jacobian import (
+    jacobian_frobenius,
+    spectral_radius,
+    spectral_radius_penalty_estimate,
+)
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
 
@@ -223,6 +227,7 @@ class DEQ(nn.Module):
         stats_probe: jax.Array | None = None,
         jacobian_samples: int = 0,
         spectral_iters: int = 0,
+        spectral_penalty_iters: int = 0,
         alignment: bool = False,
     ) -> tuple[Any, SolverStats]:
         """Solves ``z = cell(z, x)``.
@@ -244,6 +249,11 @@ class DEQ(nn.Module):
           spectral_iters: if ``> 0``, sows the power-method estimate of ``rho(J_f(z*))``
             with this many iterations as ``"spectral_radius"`` ``[B]`` (a diagnostic, at
             the detached ``z*``). Draws from the ``"jacobian"`` rng stream.
+          spectral_penalty_iters: if ``> 0``, sows
+            `deq_jax.regularizers.spectral_radius_penalty_estimate` with this many
+            detached power steps as ``"spectral_estimate"`` ``[B]``, differentiable w.r.t.
+            the cell's parameters (the regulariser's ``spectral_weight`` penalises it).
+            Draws from the ``"jacobian"`` rng stream.
           alignment: if true, solves again from a fresh standard Gaussian start (drawn
             from the ``"z0"`` stream, with the same solver and backward mode) and sows
             ``1 - cos(z*, z*')`` per sample as ``"alignment_term"`` ``[B]``,
@@ -272,8 +282,10 @@ class DEQ(nn.Module):
         sol = fixed_point(
             f, problem.z0, args, solver=solver, backward=self.backward, stats_probe=stats_probe
         )
-        if jacobian_samples > 0 or spectral_iters > 0:
-            self._sow_jacobian(f, sol.value, args, jacobian_samples, spectral_iters)
+        if jacobian_samples > 0 or spectral_iters > 0 or spectral_penalty_iters > 0:
+            self._sow_jacobian(
+                f, sol.value, args, jacobian_samples, spectral_iters, spectral_penalty_iters
+            )
         if alignment:
             self._sow_alignment(f, sol.value, args, solver)
         return sol.value, sol.stats
@@ -343,21 +355,63 @@ class DEQ(nn.Module):
         other = fixed_point(f, start, args, solver=solver, backward=self.backward).value
         self.sow("intermediates", "alignment_term", 1.0 - _flat.per_sample_cosine(z_star, other))
 
-    def _sow_jacobian(self, f, z_star, args, jacobian_samples: int, spectral_iters: int) -> None:
-        """Sows the Jacobian term and the spectral radius at the detached ``z*``."""
+    def _sow_jacobian(
+        self,
+        f,
+        z_star,
+        args,
+        jacobian_samples: int,
+        spectral_iters: int,
+        spectral_penalty_iters: int = 0,
+    ) -> None:
+        """Sows the Jacobian term and the spectral radius estimates at the detached ``z*``."""
         if not (self.has_rng("jacobian") or self.has_rng("params")):
             raise ValueError(
                 "The Jacobian estimates draw probes from the 'jacobian' rng stream: pass "
                 "rngs={'jacobian': key} to apply."
             )
-        k_term, k_rho = jax.random.split(self.make_rng("jacobian"))
-        z_star = jax.lax.stop_gradient(z_star)
-        if jacobian_samples > 0:
-            term = jacobian_frobenius(f, z_star, args, k_term, jacobian_samples)  # [B]
-            self.sow("intermediates", "jacobian_term", term)
-        if spectral_iters > 0:
-            rho = spectral_radius(f, z_star, args, k_rho, spectral_iters)  # [B]
-            self.sow("intermediates", "spectral_radius", jax.lax.stop_gradient(rho))
+        sow_jacobian_terms(
+            self,
+            f,
+            z_star,
+            args,
+            self.make_rng("jacobian"),
+            jacobian_samples,
+            spectral_iters,
+            spectral_penalty_iters,
+        )
+
+
+def sow_jacobian_terms(
+    module: nn.Module,
+    f,
+    z_star: Any,
+    args: Any,
+    key: jax.Array,
+    jacobian_samples: int,
+    spectral_iters: int,
+    spectral_penalty_iters: int = 0,
+) -> None:
+    """Sows into ``module``'s ``"intermediates"`` the estimates of ``J_f`` at the detached
+    ``z_star`` that the call asks for (each ``[B]``, none for a zero count):
+    ``"jacobian_term"`` (`jacobian_frobenius`, ``jacobian_samples`` probes),
+    ``"spectral_radius"`` (`spectral_radius`, ``spectral_iters`` steps, detached) and
+    ``"spectral_estimate"`` (`spectral_radius_penalty_estimate`,
+    ``spectral_penalty_iters`` detached power steps, differentiable w.r.t. ``args``).
+    Shared by `DEQ` and the CLRS model's unrolled mode.
+    """
+    k_term, k_rho = jax.random.split(key)
+    z_star = jax.lax.stop_gradient(z_star)
+    if jacobian_samples > 0:
+        term = jacobian_frobenius(f, z_star, args, k_term, jacobian_samples)  # [B]
+        module.sow("intermediates", "jacobian_term", term)
+    if spectral_iters > 0:
+        rho = spectral_radius(f, z_star, args, k_rho, spectral_iters)  # [B]
+        module.sow("intermediates", "spectral_radius", jax.lax.stop_gradient(rho))
+    if spectral_penalty_iters > 0:
+        k_pen = jax.random.fold_in(key, 2)
+        rho = spectral_radius_penalty_estimate(f, z_star, args, k_pen, spectral_penalty_iters)
+        module.sow("intermediates", "spectral_estimate", rho)  # [B]
 
 
 def solve_cell(
@@ -373,8 +427,8 @@ def solve_cell(
     The shared step of the task models (`deq_jax.nn.models`): ``owner`` carries
     ``solver``, ``backward``, ``z_init``, ``train_max_iter`` and ``eval_max_iter``;
     ``deq_options`` (``z0``, ``stats_probe``, ``jacobian_samples``, ``spectral_iters``,
-    ``alignment``) go to the `DEQ` call unchanged. Call it from ``owner``'s compact
-    method.
+    ``spectral_penalty_iters``, ``alignment``) go to the `DEQ` call unchanged. Call it
+    from ``owner``'s compact method.
     """
     deq = DEQ(
         cell,

@@ -2,6 +2,8 @@
 
 * `jacobian_frobenius`: Hutchinson estimate of ``||J_f(z*)||_F^2 / d`` (a loss term).
 * `spectral_radius`: power-method estimate of ``rho(J_f(z*))`` (a diagnostic).
+* `spectral_radius_penalty_estimate`: a shorter power method whose last steps are
+  differentiable, for a penalty on ``rho``.
 * `unrolled_trajectory`, `fixed_point_correction`, `trajectory_weights`,
   `step_penalty`: losses along the path of the solver.
 
@@ -17,7 +19,12 @@ References:
   Bai, Geng, Savani, Kolter, "Deep Equilibrium Optical Flow Estimation", CVPR 2022.
 """
 
-from deq_jax.regularizers.jacobian import PROBES, jacobian_frobenius, spectral_radius
+from deq_jax.regularizers.jacobian import (
+    PROBES,
+    jacobian_frobenius,
+    spectral_radius,
+    spectral_radius_penalty_estimate,
+)
 from deq_jax.regularizers.trajectory import (
     WEIGHTS,
     fixed_point_correction,
@@ -32,6 +39,7 @@ __all__ = [
     "fixed_point_correction",
     "jacobian_frobenius",
     "spectral_radius",
+    "spectral_radius_penalty_estimate",
     "step_penalty",
     "trajectory_weights",
     "unrolled_trajectory",

@@ -9,6 +9,15 @@ and the term is computed only on steps where a Bernoulli(``jacobian_freq``) draw
 (the paper's way of paying for it on a fraction of the steps). The spectral radius of
 ``J_f(z*)`` is a diagnostic logged every ``spectral_every`` steps.
 
+With ``spectral_weight > 0`` the loss also gets
+``spectral_weight * mean_b max(0, rho_b - spectral_target)^2``, where ``rho_b`` is the
+power-method estimate of ``rho(J_f(z*_b))`` of
+`deq_jax.regularizers.spectral_radius_penalty_estimate` (``spectral_penalty_iters``
+detached steps, two differentiated), on every step. The Frobenius term averages over
+all ``d`` directions of the state, so a few directions that grow past 1 barely move it;
+the hinge on ``rho`` acts on exactly those, and on nothing while ``rho`` stays below the
+target.
+
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
   ICML 2021 (Section 4: the weight ``gamma``, the frequency ``p`` and the ``M``
@@ -40,6 +49,9 @@ class JacobianRegularizer:
       spectral_every: log the power-method spectral radius every this many steps
         (0: never).
       spectral_iters: power-method iterations of that estimate.
+      spectral_weight: weight of the squared hinge on the spectral radius (0: off).
+      spectral_target: the radius below which the hinge is zero.
+      spectral_penalty_iters: detached power steps of the penalised estimate.
     """
 
     jacobian_weight: float = 0.0
@@ -49,6 +61,9 @@ class JacobianRegularizer:
     jacobian_samples: int = 1
     spectral_every: int = 0
     spectral_iters: int = 20
+    spectral_weight: float = 0.0
+    spectral_target: float = 1.0
+    spectral_penalty_iters: int = 10
 
     def __post_init__(self):
         if self.jacobian_weight < 0 or self.jacobian_weight_start < 0:
@@ -60,7 +75,15 @@ class JacobianRegularizer:
             raise ValueError(
                 f"regularizer.jacobian_freq must lie in [0, 1], got {self.jacobian_freq}."
             )
-        for name in ("jacobian_samples", "spectral_iters"):
+        if self.spectral_weight < 0:
+            raise ValueError(
+                f"regularizer.spectral_weight must be >= 0, got {self.spectral_weight}."
+            )
+        if self.spectral_target <= 0:
+            raise ValueError(
+                f"regularizer.spectral_target must be > 0, got {self.spectral_target}."
+            )
+        for name in ("jacobian_samples", "spectral_iters", "spectral_penalty_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"regularizer.{name} must be >= 1, got {getattr(self, name)}.")
         for name in ("jacobian_weight_steps", "spectral_every"):
@@ -81,6 +104,15 @@ class JacobianRegularizer:
         """Whether the term is ever added to the loss."""
         weighted = self.jacobian_weight > 0 or self.jacobian_weight_start > 0
         return weighted and self.jacobian_freq > 0
+
+    @property
+    def spectral_enabled(self) -> bool:
+        """Whether the spectral-radius hinge is added to the loss."""
+        return self.spectral_weight > 0
+
+    def spectral_penalty(self, estimate: jax.Array) -> jax.Array:
+        """Per-sample squared hinge ``max(0, rho - spectral_target)^2`` of the estimates."""
+        return jnp.square(jax.nn.relu(estimate - self.spectral_target))
 
     def weight(self, step: jax.Array) -> jax.Array:
         """``gamma_t``: the linear ramp from the start weight to ``jacobian_weight``."""

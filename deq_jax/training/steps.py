@@ -183,7 +183,9 @@ def make_train_step(
       ``bwd_abs_residual_max``, ``bwd_converged_fraction`` (zero for modes without a
       backward solve), ``grad_norm``, ``param_norm``, ``learning_rate``; with the
       regulariser on, ``jacobian_weight``, ``jacobian_applied`` and ``jacobian_term``
-      (NaN on steps that skip it); with a randomised budget ``train_budget``; with the
+      (NaN on steps that skip it); with its spectral hinge on, ``spectral_estimate``
+      (the mean estimated ``rho``) and ``spectral_hinge`` (the mean squared hinge,
+      before ``spectral_weight``); with a randomised budget ``train_budget``; with the
       alignment penalty ``alignment_term``. All scalars. The state is donated.
 
     References:
@@ -209,6 +211,8 @@ def make_train_step(
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
         weight = reg.weight(state.step)
         options = {"alignment": True} if pi.alignment else {}
+        if reg.spectral_enabled:
+            options["spectral_penalty_iters"] = reg.spectral_penalty_iters
 
         def loss_fn(params, probe, samples: int, max_iter: int | None):
             (outputs, stats), new_model_state = model.apply(
@@ -240,15 +244,22 @@ def make_train_step(
                 loss = loss + aux_loss
             nan = jnp.full((), jnp.nan, task_loss.dtype)
             term = align = nan
+            spectral = None
             if samples:
                 term = masked_mean(sown(intermediates, "jacobian_term"), mask)
                 loss = loss + weight * term
+            if reg.spectral_enabled:
+                rho = sown(intermediates, "spectral_estimate")  # [B]
+                hinge = masked_mean(reg.spectral_penalty(rho), mask)
+                loss = loss + reg.spectral_weight * hinge
+                spectral = {"spectral_estimate": masked_mean(rho, mask), "spectral_hinge": hinge}
             if pi.alignment:
                 align = masked_mean(sown(intermediates, "alignment_term"), mask)
                 loss = loss + pi.alignment_weight * align
             # The trace's length is the budget: drop it so every budget's branch agrees.
             stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
-            return loss, (task_loss, term, align, aux_loss, outputs, stats, new_model_state)
+            aux = (task_loss, term, align, aux_loss, spectral, outputs, stats, new_model_state)
+            return loss, aux
 
         def gradients(samples: int, max_iter: int | None = None):
             grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
@@ -271,10 +282,12 @@ def make_train_step(
             applied = draw.astype(jnp.float32)
             result = jax.lax.cond(draw, lambda: budgeted(reg.jacobian_samples), lambda: budgeted(0))
         (loss, aux), (grads, probe_grad) = result
-        task_loss, term, align, aux_loss, outputs, stats, new_model_state = aux
+        task_loss, term, align, aux_loss, spectral, outputs, stats, new_model_state = aux
         metrics = {"loss": loss, "task_loss": task_loss}
         if aux_loss is not None:
             metrics["aux_loss"] = aux_loss
+        if spectral is not None:
+            metrics.update(spectral)
         task_metrics = _task_metrics(metrics_fn, outputs, targets, mask, extra)
         if not regression:
             metrics["accuracy"] = next(iter(task_metrics.values()))
