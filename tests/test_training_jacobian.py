@@ -205,6 +205,39 @@ def test_a_task_loss_replaces_the_default_and_sees_the_inputs(synthetic_run):
     assert seen == {"inputs": batch["inputs"].shape, "extras": []}
 
 
+def test_aux_outputs_need_a_task_loss(synthetic_run):
+    import flax.linen as nn
+
+    run, batch = synthetic_run
+
+    class SowsAuxOutputs(nn.Module):  # the inner model's variables, unnested
+        inner: nn.Module
+
+        def setup(self):
+            nn.share_scope(self, self.inner)
+
+        def __call__(self, x, **options):
+            outputs, stats = self.inner(x, **options)
+            self.sow("intermediates", "aux_outputs", 2.0 * outputs)
+            return outputs, stats
+
+    model = SowsAuxOutputs(run.model)
+    state = sharding.replicate(jax.device_get(run.state), run.mesh)
+    make = lambda **kw: make_train_step(
+        model, run.task.metrics, run.schedule, run.mesh, regression=True, **kw
+    )
+    with pytest.raises(ValueError, match="aux_outputs"):
+        make()(state, batch)
+    seen = {}
+
+    def loss_fn(outputs, targets, mask, inputs, aux_outputs):
+        seen["aux"] = aux_outputs
+        return regression_loss(outputs, targets, mask)
+
+    _, metrics = make(loss_fn=loss_fn)(state, batch)
+    assert seen["aux"].shape[0] == batch["inputs"].shape[0] and np.isfinite(metrics["loss"])
+
+
 def test_backward_stats_in_the_metrics(synthetic_run):
     from deq_jax import backward
 

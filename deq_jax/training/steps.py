@@ -201,6 +201,11 @@ def make_train_step(
     def task_loss_of(outputs, targets, mask, **batch):
         if loss_fn is not None:
             return loss_fn(outputs, targets, mask, **batch)
+        if "aux_outputs" in batch:
+            raise ValueError(
+                "The model sows aux_outputs, which only a task's own loss can score "
+                "(make_train_step(loss_fn=...))."
+            )
         return default_loss(outputs, targets, mask)
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
@@ -214,7 +219,7 @@ def make_train_step(
         if reg.spectral_enabled:
             options["spectral_penalty_iters"] = reg.spectral_penalty_iters
 
-        def loss_fn(params, probe, samples: int, max_iter: int | None):
+        def objective(params, probe, samples: int, max_iter: int | None):
             (outputs, stats), new_model_state = model.apply(
                 state.variables(params),
                 inputs,
@@ -230,11 +235,6 @@ def make_train_step(
             new_model_state = dict(new_model_state)
             intermediates = new_model_state.pop(INTERMEDIATES, {})
             aux_outputs = sown(intermediates, AUX_OUTPUTS, required=False)
-            if aux_outputs is not None and loss_fn is None:
-                raise ValueError(
-                    "The model sows aux_outputs, which only a task's own loss can score "
-                    "(make_train_step(loss_fn=...))."
-                )
             more = {} if aux_outputs is None else {"aux_outputs": aux_outputs}
             task_loss = task_loss_of(outputs, targets, mask, inputs=inputs, **extra, **more)
             loss = task_loss
@@ -262,7 +262,7 @@ def make_train_step(
             return loss, aux
 
         def gradients(samples: int, max_iter: int | None = None):
-            grad_fn = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)
+            grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
             return grad_fn(state.params, stats_probe(), samples, max_iter)
 
         def budgeted(samples: int):
