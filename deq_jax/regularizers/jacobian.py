@@ -173,6 +173,21 @@ def spectral_radius(
     if not isinstance(iters, int) or iters < 1:
         raise ValueError(f"iters must be an integer >= 1, got {iters!r}.")
     fn, z, layout = _flat_problem(f, z_star, args, batched)
+    _, log_growth = _power_steps(fn, z, key, iters)  # [iters, B]
+    estimate = jnp.exp(jnp.mean(log_growth[iters // 2 :], axis=0))  # [B]
+    return _flat.unbatch_stats(estimate, layout)
+
+
+def _power_steps(
+    fn: Callable[[jax.Array], jax.Array], z: jax.Array, key: jax.Array, iters: int
+) -> tuple[jax.Array, jax.Array]:
+    """``iters`` power steps ``v <- J v / ||J v||`` on ``J = d fn / dz`` at ``z [B, D]``
+    (one `jax.linearize`, then JVPs) from a random unit vector drawn with ``key``.
+
+    Returns:
+      ``(v, log_growth)``: the last unit vectors ``[B, D]`` and ``log ||J v||`` of each
+      step ``[iters, B]``.
+    """
     _, jvp_fn = jax.linearize(fn, z)
     v0 = jax.random.normal(key, z.shape, z.dtype)  # [B, D]
     v0 = v0 / jnp.linalg.norm(v0, axis=-1, keepdims=True)
@@ -184,9 +199,7 @@ def spectral_radius(
         v_next = jv / jnp.maximum(growth, tiny)[:, None]
         return v_next, jnp.log(jnp.maximum(growth, tiny))
 
-    _, log_growth = jax.lax.scan(step, v0, None, length=iters)  # [iters, B]
-    estimate = jnp.exp(jnp.mean(log_growth[iters // 2 :], axis=0))  # [B]
-    return _flat.unbatch_stats(estimate, layout)
+    return jax.lax.scan(step, v0, None, length=iters)
 
 
 def spectral_radius_penalty_estimate(
@@ -246,21 +259,12 @@ def spectral_radius_penalty_estimate(
     if not isinstance(tail, int) or tail < 1:
         raise ValueError(f"tail must be an integer >= 1, got {tail!r}.")
     fn, z, layout = _flat_problem(f, z_star, args, batched)
-    frozen = jax.tree.map(_detach_float, args)
-    frozen_fn, _, _ = _flat_problem(f, z_star, frozen, batched)
-    tiny = jnp.finfo(z.dtype).tiny
-
-    def unit(v):
-        return v / jnp.maximum(jnp.linalg.norm(v, axis=-1, keepdims=True), tiny)
-
-    v = unit(jax.random.normal(key, z.shape, z.dtype))  # [B, D]
-    if iters:
-        _, jvp_fn = jax.linearize(frozen_fn, z)
-        v, _ = jax.lax.scan(lambda v, _: (unit(jvp_fn(v)), None), v, None, length=iters)
+    frozen_fn = _flat.flat_fn(f, layout, jax.tree.map(_detach_float, args))
+    v, _ = _power_steps(frozen_fn, z, key, iters)  # [B, D]
     v = jax.lax.stop_gradient(v)
     w = v
     for _ in range(tail):
         _, w = jax.jvp(fn, (z,), (w,))  # differentiable w.r.t. args through fn
     growth = jnp.linalg.norm(w, axis=-1)  # [B], ||J^tail v|| with ||v|| = 1
-    estimate = jnp.maximum(growth, tiny) ** (1.0 / tail)
+    estimate = jnp.maximum(growth, jnp.finfo(z.dtype).tiny) ** (1.0 / tail)
     return _flat.unbatch_stats(estimate, layout)
