@@ -263,8 +263,8 @@ class ClrsModel(nn.Module):
         ``max_iter`` overrides the iteration budget (ignored by ``fixed_steps``, which
         takes ``lengths``); ``z0``, ``stats_probe``, ``jacobian_samples``,
         ``spectral_iters``, ``spectral_penalty_iters`` and ``alignment`` are the `DEQ`
-        options (the Jacobian terms
-        also work in ``hint_propagation``; ``fixed_steps`` has no fixed point for them).
+        options (the Jacobian terms also work in ``hint_propagation``; ``fixed_steps``
+        has no fixed point for them).
         """
         if inputs.ndim != 3 or inputs.shape[1] != inputs.shape[2]:
             raise ValueError(f"ClrsModel expects an adjacency [B, n, n], got shape {inputs.shape}.")
@@ -289,7 +289,8 @@ class ClrsModel(nn.Module):
             if jacobian_samples or spectral_iters or spectral_penalty_iters:
                 raise ValueError(
                     "Jacobian terms need a fixed point: mode 'deq' or 'hint_propagation' (for "
-                    "'fixed_steps' set regularizer.jacobian_weight=0 and spectral_every=0)."
+                    "'fixed_steps' set regularizer.jacobian_weight=0, spectral_every=0 and "
+                    "spectral_weight=0)."
                 )
             z, stats, hint_loss, penalty = self._fixed_steps(x, hints, lengths, z0, train, init)
             aux.append(self.hint_loss_weight * hint_loss)
