@@ -320,6 +320,8 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
     if mode == "fixed_steps":
         config.regularizer.jacobian_weight = 0.0  # no fixed point to regularise
         config.model.decode_edge_latents = False
+    if mode == "hint_propagation":  # output-preserving extra edges through the loop
+        config.task.extra_edge_rate = 1.0
     result = train_and_evaluate(config, str(tmp_path), emit=lambda s: None)
     assert result.step == config.train.steps
     assert str(config.train.steps) in os.listdir(tmp_path / "checkpoints")
@@ -343,3 +345,13 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
         assert lines[0].startswith("val: F1")
         figure = clrs_diagnose.write_figure(breakdown, str(tmp_path / "diagnostics.png"))
         assert os.path.getsize(figure) > 1000
+
+
+def test_extra_edges_refuse_the_hint_supervised_mode(tmp_path):
+    """The extra edges change the algorithm's steps, so their batches carry no hints and
+    fixed_steps, which trains on them, stops with the model's error."""
+    config = clrs_common.clrs_config("bellman_ford", "smoke")
+    config.model.mode, config.regularizer.jacobian_weight = "fixed_steps", 0.0
+    config.task.extra_edge_rate = 0.5
+    with pytest.raises(ValueError, match="needs hint_"):
+        train_and_evaluate(config, str(tmp_path), emit=lambda s: None)

@@ -36,19 +36,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
-from deq_jax.tasks.clrs import specs
+from deq_jax.tasks.clrs import augment, specs
 from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
 from deq_jax.tasks.clrs.sampler import CLRS30_SEEDS, sample_example
 from deq_jax.tasks.clrs.scores import f1_from_counts, mask_score, pointer_score
 
 TRAIN, VAL = "train", "val"
+_EXTRA_EDGE_STREAM = 104_729  # separates the extra-edge draws from the shuffling streams
 
 
 def model_spec(algorithm: str) -> tuple[tuple[str, str, str, str, int], ...]:
@@ -201,10 +204,18 @@ class ClrsTask(Task):
         and the second node is an ancestor of the first. Both follow from the output
         pointers, so no hint is used. 0: no such term, and a model that sows
         ``aux_outputs`` is an error.
+      extra_edge_rate: Bellman-Ford, Dijkstra, MST-Prim and MST-Kruskal only: each
+        training graph of each step gets extra edges that leave its output unchanged
+        (`deq_jax.tasks.clrs.augment`; each eligible non-edge with probability
+        ``q ~ U(0, extra_edge_rate)``), so the training graphs have as many neighbours
+        per node as larger test graphs do. The hints are then not the new graph's, so
+        the batches carry none and ``fixed_steps`` (which needs them) raises. 0: the
+        training graphs as sampled.
 
     Raises:
       ValueError: for a negative weight, or a weight other than 1 for an algorithm it
-        does not apply to.
+        does not apply to; an ``extra_edge_rate`` outside ``[0, 1]`` or for another
+        algorithm.
     """
 
     name = "clrs"
@@ -218,6 +229,7 @@ class ClrsTask(Task):
         near_tie_weight: float = 1.0,
         near_tie_margin: float = 0.05,
         edge_target_weight: float = 0.0,
+        extra_edge_rate: float = 0.0,
     ):
         self.config = config
         alg = config.algorithm
@@ -225,6 +237,16 @@ class ClrsTask(Task):
         self.output_type = specs.SPECS[alg][self.output][2]
         inputs = [f"input_{k}" for k in specs.names(alg, specs.Stage.INPUT) if k != "adj"]
         hints = [f"hint_{k}" for k in specs.names(alg, specs.Stage.HINT)]
+        self.extra_edge_rate = float(extra_edge_rate)
+        if not 0.0 <= self.extra_edge_rate <= 1.0:
+            raise ValueError(f"extra_edge_rate must lie in [0, 1], got {extra_edge_rate}.")
+        if self.extra_edge_rate and alg not in augment.ALGORITHMS:
+            raise ValueError(
+                f"extra_edge_rate adds edges that keep the output of "
+                f"{', '.join(augment.ALGORITHMS)}; {alg}'s would change."
+            )
+        if self.extra_edge_rate:
+            hints = []  # the augmented graphs' hints are unknown (see the docstring)
         self.batch_extras = (*inputs, *hints, "lengths")
         self.non_tree_edge_weight = float(non_tree_edge_weight)
         self.hard_parent_weight = float(hard_parent_weight)
@@ -282,6 +304,59 @@ class ClrsTask(Task):
     def num_examples(self, split: str) -> int:
         """Graphs in ``split``."""
         return self.config.size(split)
+
+    def train_iterator(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        start_step: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Iterator[data.Batch]:
+        """Endless shuffled training batches (`Task.train_iterator`); with
+        ``extra_edge_rate``, each graph with its own extra edges.
+
+        The extra edges of a graph are a pure function of ``(seed, step, its row in the
+        global batch)``, so they do not depend on the number of processes, and a resumed
+        run draws what the uninterrupted one did.
+        """
+        batches = super().train_iterator(
+            batch_size,
+            seed=seed,
+            start_step=start_step,
+            process_index=process_index,
+            process_count=process_count,
+        )
+        if not self.extra_edge_rate:
+            return batches
+        local = batch_size // process_count
+        return (
+            self.add_extra_edges(batch, seed, step, first_row=process_index * local)
+            for step, batch in enumerate(batches, start=start_step)
+        )
+
+    def add_extra_edges(
+        self, batch: data.Batch, seed: int, step: int, first_row: int = 0
+    ) -> data.Batch:
+        """``batch`` with `augment.add_solution_preserving_edges` on each graph, drawn
+        from ``(seed, step, first_row + i)`` for its ``i``-th graph; hints dropped."""
+        keys = ("inputs", "input_A", "input_s", "targets")
+        rows = []
+        for i in range(len(batch["inputs"])):
+            rng = np.random.default_rng(
+                np.random.SeedSequence([seed, _EXTRA_EDGE_STREAM, step, first_row + i])
+            )
+            graph = {k: batch[k][i : i + 1] for k in keys if k in batch}
+            rows.append(
+                augment.add_solution_preserving_edges(
+                    self.config.algorithm, graph, rng, self.extra_edge_rate
+                )
+            )
+        out = {k: v for k, v in batch.items() if not k.startswith("hint_")}
+        for key in ("inputs", "input_A"):
+            out[key] = np.concatenate([row[key] for row in rows])
+        return out
 
     def all_edges_score(self, split: str) -> float:
         """The F1 of predicting every edge of ``split``'s graphs (edge-mask outputs).
@@ -393,13 +468,15 @@ def clrs(
     near_tie_weight: float = 1.0,
     near_tie_margin: float = 0.05,
     edge_target_weight: float = 0.0,
+    extra_edge_rate: float = 0.0,
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
     ``data_dir`` is accepted for a uniform call signature and unused (generated in
     memory). ``non_tree_edge_weight``, ``hard_parent_weight`` and ``near_tie_weight``
     (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses;
-    ``edge_target_weight`` scores a model's edge state against the true tree (see
+    ``edge_target_weight`` scores a model's edge state against the true tree;
+    ``extra_edge_rate`` adds output-preserving edges to the training graphs (see
     `ClrsTask`).
     """
     del data_dir  # Generated in memory.
@@ -419,4 +496,5 @@ def clrs(
         near_tie_weight=near_tie_weight,
         near_tie_margin=near_tie_margin,
         edge_target_weight=edge_target_weight,
+        extra_edge_rate=extra_edge_rate,
     )
