@@ -150,6 +150,7 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             near_tie_margin=0.05,
             edge_target_weight=0.0,
             extra_edge_rate=0.0,
+            reroot_rate=0.0,
         )
     )
     config.model = ConfigDict(

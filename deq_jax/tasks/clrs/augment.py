@@ -1,4 +1,13 @@
-"""Extra edges that leave an algorithm's output unchanged: denser training graphs.
+"""Training-graph augmentations derived from an algorithm's invariances.
+
+Two of them, both computed from a training example alone (no algorithm is rerun):
+
+* `add_solution_preserving_edges`: extra edges that leave the output unchanged
+  (denser training graphs, below);
+* `reroot_at_deepest`: MST-Prim's tree rooted at another start node (deeper training
+  trees, see its docstring).
+
+Extra edges.
 
 A model trained on CLRS-30's 16-node graphs is tested on 64-node graphs of the same
 edge probability, whose nodes have about four times as many neighbours. The trained
@@ -163,3 +172,77 @@ def add_solution_preserving_edges(
         "inputs": np.where(add, 1.0, adjacency).astype(adjacency.dtype),
         "input_A": np.where(add, new_weight, weights).astype(weights.dtype),
     }
+
+
+def _tree_neighbours(parents: np.ndarray) -> list[list[int]]:
+    """Adjacency lists of the tree edges ``(v, parents[v])`` of one graph."""
+    neighbours: list[list[int]] = [[] for _ in parents]
+    for v, u in enumerate(parents):
+        if u != v:
+            neighbours[v].append(int(u))
+            neighbours[int(u)].append(v)
+    return neighbours
+
+
+def _bfs(neighbours: list[list[int]], root: int) -> tuple[dict[int, int], dict[int, int]]:
+    """``(depth, parent)`` of every node reached from ``root`` along the tree."""
+    depth, parent, frontier = {root: 0}, {root: root}, [root]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            for w in neighbours[u]:
+                if w not in depth:
+                    depth[w], parent[w] = depth[u] + 1, u
+                    nxt.append(w)
+        frontier = nxt
+    return depth, parent
+
+
+def reroot(parents: np.ndarray, root: int) -> np.ndarray:
+    """The parent pointers of the same tree rooted at ``root``.
+
+    Args:
+      parents: int ``[n]``: one graph's tree; its root and the nodes outside it point
+        at themselves.
+      root: a node of the tree.
+
+    Returns:
+      int ``[n]``: every node of ``root``'s tree points along its path to ``root``;
+      the other nodes are unchanged.
+    """
+    _, parent = _bfs(_tree_neighbours(parents), int(root))
+    out = np.array(parents, copy=True)
+    for v, u in parent.items():
+        out[v] = u
+    return out
+
+
+def reroot_at_deepest(
+    parents: np.ndarray, start: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """MST-Prim's output for the start node that makes its tree deepest.
+
+    Prim's parents are the minimum spanning tree oriented towards the start node, and
+    the tree does not depend on the start. So moving the start to a node of greatest
+    eccentricity (an end of the tree's longest path, ties broken by ``rng``) and
+    re-orienting the tree gives the output Prim would return from there. CLRS-30's
+    16-node trees are shallow next to the 64-node test trees, whose far nodes are where
+    the trained models err.
+
+    Args:
+      parents: int ``[n]``: Prim's output of one graph.
+      start: ``[n]`` one-hot start node.
+      rng: breaks ties.
+
+    Returns:
+      ``(parents, start)`` of the new start node, in the input dtypes.
+    """
+    root = int(np.argmax(start))
+    neighbours = _tree_neighbours(parents)
+    nodes = list(_bfs(neighbours, root)[0])
+    heights = np.array([max(_bfs(neighbours, v)[0].values()) for v in nodes])
+    deepest = [v for v, h in zip(nodes, heights, strict=True) if h == heights.max()]
+    new_root = int(rng.choice(deepest))
+    new_start = np.zeros_like(start)
+    new_start[new_root] = 1
+    return reroot(parents, new_root).astype(parents.dtype), new_start

@@ -211,11 +211,16 @@ class ClrsTask(Task):
         per node as larger test graphs do. The hints are then not the new graph's, so
         the batches carry none and ``fixed_steps`` (which needs them) raises. 0: the
         training graphs as sampled.
+      reroot_rate: MST-Prim only: the probability that a training graph's start node
+        moves, each step, to an end of its tree's longest path, with the tree
+        re-oriented there (`augment.reroot_at_deepest`: Prim's output from that start),
+        so the training trees are deeper. Hints are dropped as for
+        ``extra_edge_rate``. 0: the start nodes as sampled.
 
     Raises:
       ValueError: for a negative weight, or a weight other than 1 for an algorithm it
-        does not apply to; an ``extra_edge_rate`` outside ``[0, 1]`` or for another
-        algorithm.
+        does not apply to; an ``extra_edge_rate`` or ``reroot_rate`` outside
+        ``[0, 1]`` or for another algorithm.
     """
 
     name = "clrs"
@@ -230,6 +235,7 @@ class ClrsTask(Task):
         near_tie_margin: float = 0.05,
         edge_target_weight: float = 0.0,
         extra_edge_rate: float = 0.0,
+        reroot_rate: float = 0.0,
     ):
         self.config = config
         alg = config.algorithm
@@ -245,7 +251,12 @@ class ClrsTask(Task):
                 f"extra_edge_rate adds edges that keep the output of "
                 f"{', '.join(augment.ALGORITHMS)}; {alg}'s would change."
             )
-        if self.extra_edge_rate:
+        self.reroot_rate = float(reroot_rate)
+        if not 0.0 <= self.reroot_rate <= 1.0:
+            raise ValueError(f"reroot_rate must lie in [0, 1], got {reroot_rate}.")
+        if self.reroot_rate and alg != "mst_prim":
+            raise ValueError(f"reroot_rate moves MST-Prim's start node; {alg} has no such tree.")
+        if self.extra_edge_rate or self.reroot_rate:
             hints = []  # the augmented graphs' hints are unknown (see the docstring)
         self.batch_extras = (*inputs, *hints, "lengths")
         self.non_tree_edge_weight = float(non_tree_edge_weight)
@@ -315,10 +326,10 @@ class ClrsTask(Task):
         process_count: int = 1,
     ) -> Iterator[data.Batch]:
         """Endless shuffled training batches (`Task.train_iterator`); with
-        ``extra_edge_rate``, each graph with its own extra edges.
+        ``extra_edge_rate`` or ``reroot_rate``, each graph augmented on its own.
 
-        The extra edges of a graph are a pure function of ``(seed, step, its row in the
-        global batch)``, so they do not depend on the number of processes, and a resumed
+        The augmentation of a graph is a pure function of ``(seed, step, its row in the
+        global batch)``, so it does not depend on the number of processes, and a resumed
         run draws what the uninterrupted one did.
         """
         batches = super().train_iterator(
@@ -328,19 +339,20 @@ class ClrsTask(Task):
             process_index=process_index,
             process_count=process_count,
         )
-        if not self.extra_edge_rate:
+        if not (self.extra_edge_rate or self.reroot_rate):
             return batches
         local = batch_size // process_count
         return (
-            self.add_extra_edges(batch, seed, step, first_row=process_index * local)
+            self.augment_batch(batch, seed, step, first_row=process_index * local)
             for step, batch in enumerate(batches, start=start_step)
         )
 
-    def add_extra_edges(
+    def augment_batch(
         self, batch: data.Batch, seed: int, step: int, first_row: int = 0
     ) -> data.Batch:
-        """``batch`` with `augment.add_solution_preserving_edges` on each graph, drawn
-        from ``(seed, step, first_row + i)`` for its ``i``-th graph; hints dropped."""
+        """``batch`` with each graph augmented (``reroot_rate``, then
+        ``extra_edge_rate``), drawn from ``(seed, step, first_row + i)`` for its
+        ``i``-th graph; hints dropped."""
         keys = ("inputs", "input_A", "input_s", "targets")
         rows = []
         for i in range(len(batch["inputs"])):
@@ -348,14 +360,20 @@ class ClrsTask(Task):
                 np.random.SeedSequence([seed, _EXTRA_EDGE_STREAM, step, first_row + i])
             )
             graph = {k: batch[k][i : i + 1] for k in keys if k in batch}
-            rows.append(
-                augment.add_solution_preserving_edges(
+            if self.reroot_rate and rng.uniform() < self.reroot_rate:
+                parents, start = augment.reroot_at_deepest(
+                    graph["targets"][0], graph["input_s"][0], rng
+                )
+                graph["targets"], graph["input_s"] = parents[None], start[None]
+            if self.extra_edge_rate:
+                graph = augment.add_solution_preserving_edges(
                     self.config.algorithm, graph, rng, self.extra_edge_rate
                 )
-            )
+            rows.append(graph)
         out = {k: v for k, v in batch.items() if not k.startswith("hint_")}
-        for key in ("inputs", "input_A"):
-            out[key] = np.concatenate([row[key] for row in rows])
+        for key in keys:
+            if key in batch:
+                out[key] = np.concatenate([row[key] for row in rows])
         return out
 
     def all_edges_score(self, split: str) -> float:
@@ -469,6 +487,7 @@ def clrs(
     near_tie_margin: float = 0.05,
     edge_target_weight: float = 0.0,
     extra_edge_rate: float = 0.0,
+    reroot_rate: float = 0.0,
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
@@ -476,8 +495,8 @@ def clrs(
     memory). ``non_tree_edge_weight``, ``hard_parent_weight`` and ``near_tie_weight``
     (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses;
     ``edge_target_weight`` scores a model's edge state against the true tree;
-    ``extra_edge_rate`` adds output-preserving edges to the training graphs (see
-    `ClrsTask`).
+    ``extra_edge_rate`` adds output-preserving edges to the training graphs and
+    ``reroot_rate`` moves Prim's start node to deepen its trees (see `ClrsTask`).
     """
     del data_dir  # Generated in memory.
     config = ClrsConfig(
@@ -497,4 +516,5 @@ def clrs(
         near_tie_margin=near_tie_margin,
         edge_target_weight=edge_target_weight,
         extra_edge_rate=extra_edge_rate,
+        reroot_rate=reroot_rate,
     )
