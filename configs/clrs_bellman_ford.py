@@ -6,10 +6,12 @@ reports 96.4% at 64 nodes. Run it with::
 
     python -m launch.main --config configs/clrs_bellman_ford.py --workdir /tmp/clrs_bellman_ford
 
-Other modes: ``--config.model.mode=hint_propagation`` (iterate to the fixed point,
-backprop through time) or ``--config.model.mode=fixed_steps
---config.regularizer.jacobian_weight=0`` (the true number of steps with hint
-supervision, CLRS's baseline). The smoke variant (a tiny model on tiny graphs, a few
+The training graphs get extra edges that leave their shortest paths unchanged
+(``task.extra_edge_rate=1``, `deq_jax.tasks.clrs.augment`). Other modes:
+``--config.model.mode=hint_propagation`` (iterate to the fixed point, backprop through
+time) or ``--config.model.mode=fixed_steps --config.regularizer.jacobian_weight=0
+--config.task.extra_edge_rate=0`` (the true number of steps with hint supervision,
+CLRS's baseline). The smoke variant (a tiny model on tiny graphs, a few
 steps; seconds)::
 
     python -m launch.main --config configs/clrs_bellman_ford.py:smoke --workdir /tmp/clrs_smoke

@@ -91,7 +91,8 @@ def run_config(
     the ``key=value`` ``overrides`` (`launch.runs.apply_overrides`).
 
     ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
-    regularise; CLRS's baseline has none) and without ``decode_edge_latents``; the modes
+    regularise; CLRS's baseline has none), without ``decode_edge_latents`` and without
+    ``task.extra_edge_rate`` (it trains on the hints, which extra edges change); the modes
     other than ``deq`` run without the processor's ``edge_state`` and what reads it
     (``decode_edge_state``, ``edge_targets`` with ``task.edge_target_weight``).
     """
@@ -100,6 +101,7 @@ def run_config(
     if mode == "fixed_steps":
         config.regularizer.jacobian_weight = 0.0
         config.model.decode_edge_latents = False  # no fixed point's latents to decode
+        config.task.extra_edge_rate = 0.0  # the hints must be the graph's own
     if mode != "deq":
         config.model.edge_state = 0  # only the DEQ's solver carries the state pair
         config.model.decode_edge_state = False

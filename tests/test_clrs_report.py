@@ -12,6 +12,10 @@ def test_run_config_and_scores():
     config = clrs_report.run_config("bfs", "fixed_steps", steps=50, smoke=True)
     assert config.model.mode == "fixed_steps" and config.train.steps == 50
     assert config.train.warmup_steps <= 5
+    assert clrs_report.run_config("bellman_ford", "deq", smoke=True).task.extra_edge_rate == 1
+    for mode in ("hint_propagation", "fixed_steps"):
+        bf = clrs_report.run_config("bellman_ford", mode, smoke=True)
+        assert bf.task.extra_edge_rate == (mode != "fixed_steps")  # hints only in fixed_steps
     kruskal = clrs_report.run_config("mst_kruskal", "fixed_steps", smoke=True)
     assert not kruskal.model.decode_edge_latents and kruskal.regularizer.jacobian_weight == 0
     assert clrs_report.run_config("mst_kruskal", "deq", smoke=True).model.decode_edge_latents

@@ -231,7 +231,10 @@ class ClrsModel(nn.Module):
         def read(prefix: str, f: FeatureSpec, steps: tuple[int, ...], needed: bool) -> jax.Array:
             value = features.get(f"{prefix}{f.name}")
             if value is None and needed and not init:
-                raise ValueError(f"ClrsModel in mode {self.mode!r} needs {prefix}{f.name}.")
+                raise ValueError(
+                    f"ClrsModel in mode {self.mode!r} needs {prefix}{f.name}; a ClrsTask "
+                    "with extra_edge_rate or reroot_rate carries no hints (set them to 0)."
+                )
             if value is None:
                 dtype = jnp.int32 if f.type == "pointer" else jnp.float32
                 value = jnp.zeros((b, *steps, *feature_shape(f, n)), dtype)
