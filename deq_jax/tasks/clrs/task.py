@@ -207,8 +207,8 @@ class ClrsTask(Task):
       extra_edge_rate: Bellman-Ford, Dijkstra, MST-Prim and MST-Kruskal only: each
         training graph of each step gets extra edges that leave its output unchanged
         (`deq_jax.tasks.clrs.augment`; each eligible non-edge with probability
-        ``q ~ U(0, extra_edge_rate)``), so the training graphs have as many neighbours
-        per node as larger test graphs do. The hints are then not the new graph's, so
+        ``q ~ U(0, extra_edge_rate)``), so the training graphs have more neighbours per
+        node, as larger test graphs do. The hints are then not the new graph's, so
         the batches carry none and ``fixed_steps`` (which needs them) raises. 0: the
         training graphs as sampled.
       reroot_rate: MST-Prim only: the probability that a training graph's start node
