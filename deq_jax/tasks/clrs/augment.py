@@ -5,7 +5,9 @@ Two of them, both computed from a training example alone (no algorithm is rerun)
 * `add_solution_preserving_edges`: extra edges that leave the output unchanged
   (denser training graphs, below);
 * `reroot_at_deepest`: MST-Prim's tree rooted at another start node (deeper training
-  trees, see its docstring).
+  trees, see its docstring);
+
+and `augment_rows`, which applies them to each graph of a training batch.
 
 Extra edges.
 
@@ -246,3 +248,37 @@ def reroot_at_deepest(
     new_start = np.zeros_like(start)
     new_start[new_root] = 1
     return reroot(parents, new_root).astype(parents.dtype), new_start
+
+
+def augment_rows(
+    algorithm: str,
+    batch: dict[str, np.ndarray],
+    entropy: list[int],
+    *,
+    first_row: int = 0,
+    extra_edge_rate: float = 0.0,
+    reroot_rate: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """Each graph of a training batch re-rooted (with probability ``reroot_rate``), then
+    given extra edges (``extra_edge_rate``); the hints dropped (they no longer fit).
+
+    The ``i``-th graph draws from ``SeedSequence([*entropy, first_row + i])``, so a
+    graph's augmentation depends on its row in the global batch, not on how the batch
+    is split over processes.
+    """
+    keys = ("inputs", "input_A", "input_s", "targets")
+    rows = []
+    for i in range(len(batch["inputs"])):
+        rng = np.random.default_rng(np.random.SeedSequence([*entropy, first_row + i]))
+        graph = {k: batch[k][i : i + 1] for k in keys if k in batch}
+        if reroot_rate and rng.uniform() < reroot_rate:
+            parents, start = reroot_at_deepest(graph["targets"][0], graph["input_s"][0], rng)
+            graph["targets"], graph["input_s"] = parents[None], start[None]
+        if extra_edge_rate:
+            graph = add_solution_preserving_edges(algorithm, graph, rng, extra_edge_rate)
+        rows.append(graph)
+    out = {k: v for k, v in batch.items() if not k.startswith("hint_")}
+    for key in keys:
+        if key in batch:
+            out[key] = np.concatenate([row[key] for row in rows])
+    return out

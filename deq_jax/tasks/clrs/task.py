@@ -350,31 +350,15 @@ class ClrsTask(Task):
     def augment_batch(
         self, batch: data.Batch, seed: int, step: int, first_row: int = 0
     ) -> data.Batch:
-        """``batch`` with each graph augmented (``reroot_rate``, then
-        ``extra_edge_rate``), drawn from ``(seed, step, first_row + i)`` for its
-        ``i``-th graph; hints dropped."""
-        keys = ("inputs", "input_A", "input_s", "targets")
-        rows = []
-        for i in range(len(batch["inputs"])):
-            rng = np.random.default_rng(
-                np.random.SeedSequence([seed, _EXTRA_EDGE_STREAM, step, first_row + i])
-            )
-            graph = {k: batch[k][i : i + 1] for k in keys if k in batch}
-            if self.reroot_rate and rng.uniform() < self.reroot_rate:
-                parents, start = augment.reroot_at_deepest(
-                    graph["targets"][0], graph["input_s"][0], rng
-                )
-                graph["targets"], graph["input_s"] = parents[None], start[None]
-            if self.extra_edge_rate:
-                graph = augment.add_solution_preserving_edges(
-                    self.config.algorithm, graph, rng, self.extra_edge_rate
-                )
-            rows.append(graph)
-        out = {k: v for k, v in batch.items() if not k.startswith("hint_")}
-        for key in keys:
-            if key in batch:
-                out[key] = np.concatenate([row[key] for row in rows])
-        return out
+        """``batch`` augmented as configured (`augment.augment_rows`); hints dropped."""
+        return augment.augment_rows(
+            self.config.algorithm,
+            batch,
+            [seed, _EXTRA_EDGE_STREAM, step],
+            first_row=first_row,
+            extra_edge_rate=self.extra_edge_rate,
+            reroot_rate=self.reroot_rate,
+        )
 
     def all_edges_score(self, split: str) -> float:
         """The F1 of predicting every edge of ``split``'s graphs (edge-mask outputs).
