@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from deq_jax.tasks import data
+from deq_jax.tasks.base import Task
 
 
 def _source(n=23, length=5):
@@ -188,3 +189,52 @@ def test_weighted_mean_equals_whole_set_accuracy_over_padded_batches():
     np.testing.assert_allclose(merged["string_accuracy"], whole["string_accuracy"], rtol=1e-6)
     with pytest.raises(ValueError):
         data.weighted_mean([])
+
+
+class _StepStamped(Task):
+    """A task whose augmentation writes the global step and row into the inputs."""
+
+    name = "step_stamped"
+    eval_splits = ()
+
+    def __init__(self, augments):
+        self._augments = augments
+
+    def source(self, split):
+        return _source(n=20)
+
+    @property
+    def augments_training(self):
+        return self._augments
+
+    def augment_train_batch(
+        self, batch, *, seed, step, batch_size, process_index=0, process_count=1
+    ):
+        first = process_index * (batch_size // process_count)
+        rows = first + np.arange(len(batch["mask"]), dtype=np.float32)
+        stamp = 1000 * seed + 100 * step + rows
+        return {**batch, "inputs": batch["inputs"] + stamp[:, None, None]}
+
+    @staticmethod
+    def metrics(predictions, targets, mask=None):
+        return {}
+
+
+def test_task_train_iterator_applies_the_augmentation_with_global_step_and_row():
+    plain = _take(_StepStamped(False).train_iterator(8, seed=1), 3)
+    stamped = _take(_StepStamped(True).train_iterator(8, seed=1), 3)
+    for step, (p, s) in enumerate(zip(plain, stamped, strict=True)):
+        np.testing.assert_array_equal(p["index"], s["index"])
+        expected = 1000 + 100 * step + np.arange(8, dtype=np.float32)
+        np.testing.assert_allclose(
+            s["inputs"] - p["inputs"], np.broadcast_to(expected[:, None, None], p["inputs"].shape)
+        )
+    resumed = next(_StepStamped(True).train_iterator(8, seed=1, start_step=2))
+    np.testing.assert_array_equal(resumed["inputs"], stamped[2]["inputs"])
+    halves = [
+        next(_StepStamped(True).train_iterator(8, seed=1, process_index=p, process_count=2))
+        for p in (0, 1)
+    ]
+    np.testing.assert_array_equal(
+        np.concatenate([h["inputs"] for h in halves]), stamped[0]["inputs"]
+    )

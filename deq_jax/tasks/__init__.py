@@ -23,6 +23,12 @@ Every task is built by name and offers one interface, which later tasks copy::
     # m = {"bit_accuracy", "string_accuracy", "count"}; combine batches with
     # tasks.data.weighted_mean(list_of_m).
 
+A task that changes its training batches each step (fresh input noise, extra graph
+edges) says so with ``task.augments_training`` and does it in
+``task.augment_train_batch(batch, seed=, step=, batch_size=, ...)``, which
+``train_iterator`` applies; the change is a pure function of the seed, the global step
+and the row of the global batch, so it survives a resume and any process count.
+
 ``batch_size`` is global: with ``process_count > 1`` each process gets
 ``batch_size // process_count`` rows of every global batch (see `deq_jax.tasks.data`).
 Prefix-sum batches are ``{"inputs": float32 [b, L, 1], "targets": int32 [b, L],

@@ -5,7 +5,8 @@ arrays or a random-access record source, see `deq_jax.tasks.data`) and scores
 predictions. Everything else -- sizes, resumable training batches, padded evaluation
 passes, multi-host sharding -- follows from ``source`` and lives here once. A task that
 changes a piece (training noise drawn per step, a cheaper example count) overrides that
-method alone.
+method alone; one that changes its training batches step by step (input noise, extra
+edges) overrides `Task.augment_train_batch`.
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ class Task(abc.ABC):
     ) -> Iterator[data.Batch]:
         """Endless shuffled training batches, resumable at ``start_step``.
 
-        See `deq_jax.tasks.data.train_batches`; ``batch_size`` is global.
+        See `deq_jax.tasks.data.train_batches`; ``batch_size`` is global. Where the task
+        augments its training batches (`augments_training`), each batch goes through
+        `augment_train_batch` with its global step.
         """
-        return data.train_batches(
+        batches = data.train_batches(
             self.source(self.train_split),
             batch_size,
             seed=seed,
@@ -80,6 +83,45 @@ class Task(abc.ABC):
             process_index=process_index,
             process_count=process_count,
         )
+        if not self.augments_training:
+            return batches
+        return (
+            self.augment_train_batch(
+                batch,
+                seed=seed,
+                step=step,
+                batch_size=batch_size,
+                process_index=process_index,
+                process_count=process_count,
+            )
+            for step, batch in enumerate(batches, start=start_step)
+        )
+
+    @property
+    def augments_training(self) -> bool:
+        """Whether `train_iterator` passes its batches through `augment_train_batch`."""
+        return False
+
+    def augment_train_batch(
+        self,
+        batch: data.Batch,
+        *,
+        seed: int,
+        step: int,
+        batch_size: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> data.Batch:
+        """This process's training batch of global ``step``, changed for that step.
+
+        The identity here. A task that overrides it (and `augments_training`) must keep
+        the change a pure function of ``(seed, step, the example's row in the global
+        batch)``: then a resumed run draws what the uninterrupted one did, and the draws
+        do not depend on the number of processes. This process's rows of the global
+        batch of ``batch_size`` start at ``process_index * batch_size // process_count``.
+        """
+        del seed, step, batch_size, process_index, process_count
+        return batch
 
     def eval_iterator(
         self, split: str, batch_size: int, *, process_index: int = 0, process_count: int = 1

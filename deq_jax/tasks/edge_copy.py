@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -74,35 +74,35 @@ def step_noise(
     return noise[process_index * local : (process_index + 1) * local]
 
 
-def add_training_noise(
-    batches: Iterator[data.Batch],
+def add_step_noise(
+    batch: data.Batch,
     perturb: Callable[[data.Batch, np.ndarray], np.ndarray],
     *,
-    batch_size: int,
     seed: int,
-    start_step: int = 0,
+    step: int,
+    batch_size: int,
     process_index: int = 0,
     process_count: int = 1,
-) -> Iterator[data.Batch]:
-    """Replaces ``batch["inputs"]`` of a training stream by a noisy copy, step by step.
+) -> data.Batch:
+    """Replaces ``batch["inputs"]`` of one training batch by a noisy copy.
 
     Args:
-      batches: `deq_jax.tasks.data.train_batches` started at ``start_step``.
+      batch: this process's rows of the training batch of global ``step``.
       perturb: ``(batch, noise) -> new inputs``, where ``noise`` is `step_noise` of the
         inputs' per-example shape.
-      batch_size: the global batch size.
       seed: seeds the noise (with the step), independently of the shuffling.
-      start_step: the global step of the first batch.
+      step: the batch's global step.
+      batch_size: the global batch size.
       process_index: this process's index.
       process_count: number of processes.
 
     Returns:
-      The batches with noisy ``"inputs"``; a pure function of ``(seed, step)``.
+      The batch with noisy ``"inputs"``; a pure function of ``(seed, step)`` and the
+      rows, so resumable and the same for every process count.
     """
-    for step, batch in enumerate(batches, start=start_step):
-        shape = batch["inputs"].shape[1:]
-        noise = step_noise(seed, step, batch_size, shape, process_index, process_count)
-        yield {**batch, "inputs": perturb(batch, noise).astype(np.float32)}
+    shape = batch["inputs"].shape[1:]
+    noise = step_noise(seed, step, batch_size, shape, process_index, process_count)
+    return {**batch, "inputs": perturb(batch, noise).astype(np.float32)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,19 +268,25 @@ class EdgeCopyTask(Task):
         """Graphs in ``split``."""
         return self.config.size(split)
 
-    def train_iterator(
+    @property
+    def augments_training(self) -> bool:
+        """True with ``noise_std > 0``: training inputs get fresh noise each step."""
+        return self.config.noise_std > 0
+
+    def augment_train_batch(
         self,
-        batch_size: int,
+        batch: data.Batch,
         *,
-        seed: int = 0,
-        start_step: int = 0,
+        seed: int,
+        step: int,
+        batch_size: int,
         process_index: int = 0,
         process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches with fresh input noise (module docstring).
+    ) -> data.Batch:
+        """Fresh symmetric input noise on the edges (module docstring); targets clean.
 
-        Yields ``{"inputs": float32 [b, n, n, C] (noisy), "adjacency": float32 [b, n, n],
-        "targets": float32 [b, n, n, C] (clean), "mask", "index"}``.
+        The batch is ``{"inputs": float32 [b, n, n, C] (noisy), "adjacency": float32
+        [b, n, n], "targets": float32 [b, n, n, C] (clean), "mask", "index"}``.
         """
         std = self.config.noise_std
 
@@ -289,19 +295,12 @@ class EdgeCopyTask(Task):
                 batch["inputs"] + std * symmetric_from_upper(noise) * batch["adjacency"][..., None]
             )
 
-        batches = super().train_iterator(
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-        return add_training_noise(
-            batches,
+        return add_step_noise(
+            batch,
             perturb,
-            batch_size=batch_size,
             seed=seed,
-            start_step=start_step,
+            step=step,
+            batch_size=batch_size,
             process_index=process_index,
             process_count=process_count,
         )

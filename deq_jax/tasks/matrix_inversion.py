@@ -15,7 +15,7 @@ Training noise. Du et al. 2022 draw a fresh random matrix for every training exa
 here the training set is fixed (so ``start_step`` resumes exactly) and fresh noise is
 added to its inputs each time a batch is drawn: the training batch at global step
 ``s`` gets ``A + noise_std * (G + G^T) / 2``, ``G`` standard normal ``[d, d]`` drawn
-from ``(seed, s)`` (see `deq_jax.tasks.edge_copy.add_training_noise`), so the input
+from ``(seed, s)`` (see `deq_jax.tasks.edge_copy.add_step_noise`), so the input
 stays symmetric. Targets stay the clean ``A^-1``; evaluation inputs are clean.
 
 Batches are ``{"inputs": float32 [b, d, d], "targets": float32 [b, d, d], "mask":
@@ -32,13 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
 
 import numpy as np
 
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
-from deq_jax.tasks.edge_copy import add_training_noise
+from deq_jax.tasks.edge_copy import add_step_noise
 from deq_jax.tasks.synthetic_1d import mean_squared_error
 
 TRAIN = "train"
@@ -204,29 +203,28 @@ class MatrixInversionTask(Task):
         """Matrices in ``split``."""
         return self.config.size(split)
 
-    def train_iterator(
+    @property
+    def augments_training(self) -> bool:
+        """True with ``noise_std > 0``: training inputs get fresh noise each step."""
+        return self.config.noise_std > 0
+
+    def augment_train_batch(
         self,
-        batch_size: int,
+        batch: data.Batch,
         *,
-        seed: int = 0,
-        start_step: int = 0,
+        seed: int,
+        step: int,
+        batch_size: int,
         process_index: int = 0,
         process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches with fresh symmetric input noise."""
-        batches = super().train_iterator(
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-        return add_training_noise(
-            batches,
+    ) -> data.Batch:
+        """Fresh symmetric input noise (module docstring); targets stay clean."""
+        return add_step_noise(
+            batch,
             functools.partial(_symmetric_noise, std=self.config.noise_std),
-            batch_size=batch_size,
             seed=seed,
-            start_step=start_step,
+            step=step,
+            batch_size=batch_size,
             process_index=process_index,
             process_count=process_count,
         )

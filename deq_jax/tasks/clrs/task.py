@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -316,46 +315,33 @@ class ClrsTask(Task):
         """Graphs in ``split``."""
         return self.config.size(split)
 
-    def train_iterator(
+    @property
+    def augments_training(self) -> bool:
+        """True with an ``extra_edge_rate`` or a ``reroot_rate``."""
+        return bool(self.extra_edge_rate or self.reroot_rate)
+
+    def augment_train_batch(
         self,
-        batch_size: int,
+        batch: data.Batch,
         *,
-        seed: int = 0,
-        start_step: int = 0,
+        seed: int,
+        step: int,
+        batch_size: int,
         process_index: int = 0,
         process_count: int = 1,
-    ) -> Iterator[data.Batch]:
-        """Endless shuffled training batches (`Task.train_iterator`); with
-        ``extra_edge_rate`` or ``reroot_rate``, each graph augmented on its own.
-
-        The augmentation of a graph is a pure function of ``(seed, step, its row in the
-        global batch)``, so it does not depend on the number of processes, and a resumed
-        run draws what the uninterrupted one did.
-        """
-        batches = super().train_iterator(
-            batch_size,
-            seed=seed,
-            start_step=start_step,
-            process_index=process_index,
-            process_count=process_count,
-        )
-        if not (self.extra_edge_rate or self.reroot_rate):
-            return batches
-        local = batch_size // process_count
-        return (
-            self.augment_batch(batch, seed, step, first_row=process_index * local)
-            for step, batch in enumerate(batches, start=start_step)
-        )
-
-    def augment_batch(
-        self, batch: data.Batch, seed: int, step: int, first_row: int = 0
     ) -> data.Batch:
-        """``batch`` augmented as configured (`augment.augment_rows`); hints dropped."""
+        """Each graph augmented on its own (`Task.augment_train_batch`): extra edges
+        and re-rooting as configured, `augment.augment_rows`; hints dropped.
+
+        A graph's draws are a pure function of ``(seed, step, its row in the global
+        batch)``, so they do not depend on the number of processes, and a resumed run
+        draws what the uninterrupted one did.
+        """
         return augment.augment_rows(
             self.config.algorithm,
             batch,
             [seed, _EXTRA_EDGE_STREAM, step],
-            first_row=first_row,
+            first_row=process_index * (batch_size // process_count),
             extra_edge_rate=self.extra_edge_rate,
             reroot_rate=self.reroot_rate,
         )
