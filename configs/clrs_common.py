@@ -128,6 +128,10 @@ EDGE_STATES = {"mst_prim": 8}
 # without (two train seeds); the config's hidden 64 and 2,000 steps 94.3 / 91.7 against
 # 91.2 / 92.4 (train seeds 0, 1). Prim's deq mode: 68.7 against 71.6 (seed 0), so off.
 EXTRA_EDGE_RATES = {"bellman_ford": 1.0}
+# ``task.weight_power`` (the MSTs: each training step raises a graph's weights to a power
+# in [1, weight_power], which keeps their order and so the tree, `augment.raise_weights`;
+# the tree edges of 64-node graphs are lighter than those of 16-node ones).
+WEIGHT_POWERS: dict[str, float] = {}
 
 
 def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
@@ -159,6 +163,7 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             edge_target_weight=0.0,
             extra_edge_rate=EXTRA_EDGE_RATES.get(algorithm, 0.0),
             reroot_rate=0.0,
+            weight_power=WEIGHT_POWERS.get(algorithm, 1.0),
         )
     )
     config.model = ConfigDict(

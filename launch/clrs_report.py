@@ -92,7 +92,8 @@ def run_config(
 
     ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
     regularise; CLRS's baseline has none), without ``decode_edge_latents`` and without
-    ``task.extra_edge_rate`` (it trains on the hints, which extra edges change); the modes
+    the training-graph augmentations ``task.extra_edge_rate``, ``reroot_rate`` and
+    ``weight_power`` (it trains on the hints, which they change); the modes
     other than ``deq`` run without the processor's ``edge_state`` and what reads it
     (``decode_edge_state``, ``edge_targets`` with ``task.edge_target_weight``).
     """
@@ -102,6 +103,8 @@ def run_config(
         config.regularizer.jacobian_weight = 0.0
         config.model.decode_edge_latents = False  # no fixed point's latents to decode
         config.task.extra_edge_rate = 0.0  # the hints must be the graph's own
+        config.task.reroot_rate = 0.0
+        config.task.weight_power = 1.0
     if mode != "deq":
         config.model.edge_state = 0  # only the DEQ's solver carries the state pair
         config.model.decode_edge_state = False

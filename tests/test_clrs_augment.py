@@ -175,3 +175,49 @@ def test_reroot_rate_in_the_stream():
         clrs(algorithm="mst_prim", reroot_rate=2.0)
     with pytest.raises(ValueError, match="no such tree"):
         clrs(algorithm="bellman_ford", reroot_rate=0.5)
+
+
+@pytest.mark.parametrize("algorithm", augment.SPANNING_TREES)
+def test_raised_weights_keep_the_tree(algorithm):
+    plain = clrs(algorithm=algorithm, train_size=64).train_iterator(BATCH, seed=2)
+    raised = clrs(algorithm=algorithm, train_size=64, weight_power=4.0).train_iterator(
+        BATCH, seed=2
+    )
+    powers = []
+    for _ in range(2):
+        base, batch = next(plain), next(raised)
+        assert not any(k.startswith("hint_") for k in batch)
+        np.testing.assert_array_equal(batch["targets"], base["targets"])
+        np.testing.assert_array_equal(batch["inputs"], base["inputs"])
+        edges = base["input_A"] > 0
+        np.testing.assert_array_equal(batch["input_A"] > 0, edges)
+        for i in range(BATCH):
+            np.testing.assert_array_equal(_output(algorithm, batch, i), batch["targets"][i])
+            w, w_raised = base["input_A"][i][edges[i]], batch["input_A"][i][edges[i]]
+            inside = (w > 0.05) & (w < 0.95)
+            powers.append(np.median(np.log(w_raised[inside]) / np.log(w[inside])))
+    powers = np.array(powers)
+    assert (powers >= 1 - 1e-3).all() and (powers <= 4 + 1e-3).all()
+    assert powers.max() > 2 and powers.min() < 2  # drawn per graph
+
+
+def test_raised_weights_change_a_shortest_path():
+    """Why only the MSTs take the power: a shortest path depends on sums of weights,
+    so a power that keeps every weight's order still moves some parents."""
+    task = clrs(algorithm="bellman_ford", train_size=64)
+    batch = next(task.train_iterator(BATCH, seed=0))
+    changed = 0
+    for i in range(BATCH):
+        graph = {k: batch[k][i : i + 1] for k in ("input_A", "input_s")}
+        graph["input_A"] = np.power(graph["input_A"].astype(np.float64), 3.0)
+        changed += not np.array_equal(_output("bellman_ford", graph, 0), batch["targets"][i])
+    assert changed >= BATCH // 4
+
+
+def test_weight_power_errors():
+    with pytest.raises(ValueError, match=">= 1"):
+        clrs(algorithm="mst_prim", weight_power=0.5)
+    with pytest.raises(ValueError, match="bellman_ford's would change"):
+        clrs(algorithm="bellman_ford", weight_power=2.0)
+    with pytest.raises(ValueError, match=">= 1"):
+        augment.raise_weights(np.ones((2, 2)), np.random.default_rng(0), 0.9)

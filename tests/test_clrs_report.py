@@ -111,3 +111,13 @@ def test_smoke_report_end_to_end(modes, tmp_path):
     assert os.path.getsize(figure) > 1000
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         clrs_diagnose.diagnose_run(config, os.path.join(root, "empty"))
+
+
+def test_fixed_steps_runs_without_the_training_graph_augmentations(monkeypatch):
+    from configs import clrs_common
+
+    monkeypatch.setitem(clrs_common.WEIGHT_POWERS, "mst_prim", 4.0)
+    assert clrs_report.run_config("mst_prim", "deq", smoke=True).task.weight_power == 4
+    fixed = clrs_report.run_config("mst_prim", "fixed_steps", smoke=True)
+    assert fixed.task.weight_power == 1 and fixed.task.reroot_rate == 0
+    assert fixed.task.extra_edge_rate == 0

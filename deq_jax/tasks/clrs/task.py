@@ -215,11 +215,16 @@ class ClrsTask(Task):
         re-oriented there (`augment.reroot_at_deepest`: Prim's output from that start),
         so the training trees are deeper. Hints are dropped as for
         ``extra_edge_rate``. 0: the start nodes as sampled.
+      weight_power: MST-Prim and MST-Kruskal only: each training graph of each step has
+        its edge weights raised to a power drawn log-uniformly from ``[1,
+        weight_power]`` (`augment.raise_weights`), which keeps their order and so the
+        output; the light tree edges then weigh what they do on larger graphs. Hints
+        are dropped as for ``extra_edge_rate``. 1: the weights as sampled.
 
     Raises:
       ValueError: for a negative weight, or a weight other than 1 for an algorithm it
         does not apply to; an ``extra_edge_rate`` or ``reroot_rate`` outside
-        ``[0, 1]`` or for another algorithm.
+        ``[0, 1]``, a ``weight_power`` below 1, or any of them for another algorithm.
     """
 
     name = "clrs"
@@ -235,6 +240,7 @@ class ClrsTask(Task):
         edge_target_weight: float = 0.0,
         extra_edge_rate: float = 0.0,
         reroot_rate: float = 0.0,
+        weight_power: float = 1.0,
     ):
         self.config = config
         alg = config.algorithm
@@ -255,7 +261,15 @@ class ClrsTask(Task):
             raise ValueError(f"reroot_rate must lie in [0, 1], got {reroot_rate}.")
         if self.reroot_rate and alg != "mst_prim":
             raise ValueError(f"reroot_rate moves MST-Prim's start node; {alg} has no such tree.")
-        if self.extra_edge_rate or self.reroot_rate:
+        self.weight_power = float(weight_power)
+        if self.weight_power < 1.0:
+            raise ValueError(f"weight_power must be >= 1, got {weight_power}.")
+        if self.weight_power != 1.0 and alg not in augment.SPANNING_TREES:
+            raise ValueError(
+                f"weight_power keeps the order of the weights, which fixes the output of "
+                f"{', '.join(augment.SPANNING_TREES)}; {alg}'s would change."
+            )
+        if self.augments_training:
             hints = []  # the augmented graphs' hints are unknown (see the docstring)
         self.batch_extras = (*inputs, *hints, "lengths")
         self.non_tree_edge_weight = float(non_tree_edge_weight)
@@ -317,8 +331,8 @@ class ClrsTask(Task):
 
     @property
     def augments_training(self) -> bool:
-        """True with an ``extra_edge_rate`` or a ``reroot_rate``."""
-        return bool(self.extra_edge_rate or self.reroot_rate)
+        """True with an ``extra_edge_rate``, a ``reroot_rate`` or a ``weight_power``."""
+        return bool(self.extra_edge_rate or self.reroot_rate or self.weight_power != 1.0)
 
     def augment_train_batch(
         self,
@@ -331,7 +345,8 @@ class ClrsTask(Task):
         process_count: int = 1,
     ) -> data.Batch:
         """Each graph augmented on its own (`Task.augment_train_batch`): extra edges
-        and re-rooting as configured, `augment.augment_rows`; hints dropped.
+        re-rooting and raised weights as configured, `augment.augment_rows`; hints
+        dropped.
 
         A graph's draws are a pure function of ``(seed, step, its row in the global
         batch)``, so they do not depend on the number of processes, and a resumed run
@@ -344,6 +359,7 @@ class ClrsTask(Task):
             first_row=process_index * (batch_size // process_count),
             extra_edge_rate=self.extra_edge_rate,
             reroot_rate=self.reroot_rate,
+            weight_power=self.weight_power,
         )
 
     def all_edges_score(self, split: str) -> float:
@@ -458,6 +474,7 @@ def clrs(
     edge_target_weight: float = 0.0,
     extra_edge_rate: float = 0.0,
     reroot_rate: float = 0.0,
+    weight_power: float = 1.0,
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
@@ -466,7 +483,8 @@ def clrs(
     (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses;
     ``edge_target_weight`` scores a model's edge state against the true tree;
     ``extra_edge_rate`` adds output-preserving edges to the training graphs and
-    ``reroot_rate`` moves Prim's start node to deepen its trees (see `ClrsTask`).
+    ``reroot_rate`` moves Prim's start node to deepen its trees; ``weight_power``
+    raises the MSTs' training weights (see `ClrsTask`).
     """
     del data_dir  # Generated in memory.
     config = ClrsConfig(
@@ -487,4 +505,5 @@ def clrs(
         edge_target_weight=edge_target_weight,
         extra_edge_rate=extra_edge_rate,
         reroot_rate=reroot_rate,
+        weight_power=weight_power,
     )
