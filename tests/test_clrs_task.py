@@ -294,6 +294,8 @@ def test_configs_are_documented(algorithm):
     # MST-Prim's Triplet-GMPNN keeps an edge state of width 8 (70.7 vs 68.4 over 3 seeds).
     assert config.model.edge_state == (8 if algorithm == "mst_prim" else 0)
     assert config.task.near_tie_weight == 1.0
+    # MST-Prim's training weights are raised to a power in [1, 4] (the tree stays).
+    assert config.task.weight_power == (4.0 if algorithm == "mst_prim" else 1.0)
     tasks.get(**{**config.task.to_dict(), "data_dir": ""})  # the task accepts the section
     with pytest.raises(ValueError, match="smoke"):
         clrs_common.clrs_config(algorithm, "huge")
