@@ -344,7 +344,7 @@ class ClrsTask(Task):
         process_index: int = 0,
         process_count: int = 1,
     ) -> data.Batch:
-        """Each graph augmented on its own (`Task.augment_train_batch`): extra edges
+        """Each graph augmented on its own (`Task.augment_train_batch`): extra edges,
         re-rooting and raised weights as configured, `augment.augment_rows`; hints
         dropped.
 
