@@ -33,9 +33,9 @@ References:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
-from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -74,35 +74,38 @@ def step_noise(
     return noise[process_index * local : (process_index + 1) * local]
 
 
-def add_step_noise(
-    batch: data.Batch,
-    perturb: Callable[[data.Batch, np.ndarray], np.ndarray],
-    *,
-    seed: int,
-    step: int,
-    batch_size: int,
-    process_index: int = 0,
-    process_count: int = 1,
-) -> data.Batch:
-    """Replaces ``batch["inputs"]`` of one training batch by a noisy copy.
+class StepNoiseTask(Task):
+    """A task whose training inputs get fresh noise each step (edge copy, matrix inversion).
 
-    Args:
-      batch: this process's rows of the training batch of global ``step``.
-      perturb: ``(batch, noise) -> new inputs``, where ``noise`` is `step_noise` of the
-        inputs' per-example shape.
-      seed: seeds the noise (with the step), independently of the shuffling.
-      step: the batch's global step.
-      batch_size: the global batch size.
-      process_index: this process's index.
-      process_count: number of processes.
-
-    Returns:
-      The batch with noisy ``"inputs"``; a pure function of ``(seed, step)`` and the
-      rows, so resumable and the same for every process count.
+    The subclass has ``config.noise_std`` and defines `perturb_inputs`; the noise of the
+    training batch of global step ``s`` is `step_noise` drawn from ``(seed, s)`` for the
+    whole global batch and sliced per process, so it is resumable and the same for every
+    process count. Targets and evaluation inputs stay clean.
     """
-    shape = batch["inputs"].shape[1:]
-    noise = step_noise(seed, step, batch_size, shape, process_index, process_count)
-    return {**batch, "inputs": perturb(batch, noise).astype(np.float32)}
+
+    @property
+    def augments_training(self) -> bool:
+        """True with ``noise_std > 0``."""
+        return self.config.noise_std > 0
+
+    @abc.abstractmethod
+    def perturb_inputs(self, batch: data.Batch, noise: np.ndarray) -> np.ndarray:
+        """The noisy inputs of ``batch`` given standard normal ``noise`` of their shape."""
+
+    def augment_train_batch(
+        self,
+        batch: data.Batch,
+        *,
+        seed: int,
+        step: int,
+        batch_size: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> data.Batch:
+        """``batch`` with ``"inputs"`` replaced by `perturb_inputs` of this step's noise."""
+        shape = batch["inputs"].shape[1:]
+        noise = step_noise(seed, step, batch_size, shape, process_index, process_count)
+        return {**batch, "inputs": self.perturb_inputs(batch, noise).astype(np.float32)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +226,7 @@ def edge_mse(predictions, targets, adjacency, mask=None) -> dict:
     return {"mse": jnp.sum(weight * per_graph) / jnp.maximum(count, 1.0), "count": count}
 
 
-class EdgeCopyTask(Task):
+class EdgeCopyTask(StepNoiseTask):
     """The edge-copy task behind the uniform task interface (see `deq_jax.tasks`).
 
     Unlike classification tasks, `metrics` needs the batch's ``adjacency``.
@@ -268,42 +271,12 @@ class EdgeCopyTask(Task):
         """Graphs in ``split``."""
         return self.config.size(split)
 
-    @property
-    def augments_training(self) -> bool:
-        """True with ``noise_std > 0``: training inputs get fresh noise each step."""
-        return self.config.noise_std > 0
-
-    def augment_train_batch(
-        self,
-        batch: data.Batch,
-        *,
-        seed: int,
-        step: int,
-        batch_size: int,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> data.Batch:
-        """Fresh symmetric input noise on the edges (module docstring); targets clean.
-
-        The batch is ``{"inputs": float32 [b, n, n, C] (noisy), "adjacency": float32
-        [b, n, n], "targets": float32 [b, n, n, C] (clean), "mask", "index"}``.
+    def perturb_inputs(self, batch: data.Batch, noise: np.ndarray) -> np.ndarray:
+        """Symmetric noise on the edges (module docstring): ``inputs + noise_std * E *
+        adjacency[..., None]``, ``E`` the mirrored upper triangle of ``noise [b, n, n, C]``.
         """
-        std = self.config.noise_std
-
-        def perturb(batch, noise):  # noise: [b, n, n, C]
-            return (
-                batch["inputs"] + std * symmetric_from_upper(noise) * batch["adjacency"][..., None]
-            )
-
-        return add_step_noise(
-            batch,
-            perturb,
-            seed=seed,
-            step=step,
-            batch_size=batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
+        std, edges = self.config.noise_std, batch["adjacency"][..., None]
+        return batch["inputs"] + std * symmetric_from_upper(noise) * edges
 
     @staticmethod
     def metrics(predictions, targets, mask=None, adjacency=None) -> dict:

@@ -15,7 +15,7 @@ Training noise. Du et al. 2022 draw a fresh random matrix for every training exa
 here the training set is fixed (so ``start_step`` resumes exactly) and fresh noise is
 added to its inputs each time a batch is drawn: the training batch at global step
 ``s`` gets ``A + noise_std * (G + G^T) / 2``, ``G`` standard normal ``[d, d]`` drawn
-from ``(seed, s)`` (see `deq_jax.tasks.edge_copy.add_step_noise`), so the input
+from ``(seed, s)`` (see `deq_jax.tasks.edge_copy.StepNoiseTask`), so the input
 stays symmetric. Targets stay the clean ``A^-1``; evaluation inputs are clean.
 
 Batches are ``{"inputs": float32 [b, d, d], "targets": float32 [b, d, d], "mask":
@@ -36,8 +36,7 @@ import functools
 import numpy as np
 
 from deq_jax.tasks import data
-from deq_jax.tasks.base import Task
-from deq_jax.tasks.edge_copy import add_step_noise
+from deq_jax.tasks.edge_copy import StepNoiseTask
 from deq_jax.tasks.synthetic_1d import mean_squared_error
 
 TRAIN = "train"
@@ -156,12 +155,7 @@ def generate_split(config: MatrixInversionConfig, split: str) -> dict[str, np.nd
     return out
 
 
-def _symmetric_noise(batch: data.Batch, noise: np.ndarray, std: float) -> np.ndarray:
-    """``inputs + std * (G + G^T) / 2`` for noise ``G [b, d, d]``."""
-    return batch["inputs"] + std * (noise + np.swapaxes(noise, 1, 2)) / 2
-
-
-class MatrixInversionTask(Task):
+class MatrixInversionTask(StepNoiseTask):
     """The matrix-inversion task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -203,31 +197,9 @@ class MatrixInversionTask(Task):
         """Matrices in ``split``."""
         return self.config.size(split)
 
-    @property
-    def augments_training(self) -> bool:
-        """True with ``noise_std > 0``: training inputs get fresh noise each step."""
-        return self.config.noise_std > 0
-
-    def augment_train_batch(
-        self,
-        batch: data.Batch,
-        *,
-        seed: int,
-        step: int,
-        batch_size: int,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> data.Batch:
-        """Fresh symmetric input noise (module docstring); targets stay clean."""
-        return add_step_noise(
-            batch,
-            functools.partial(_symmetric_noise, std=self.config.noise_std),
-            seed=seed,
-            step=step,
-            batch_size=batch_size,
-            process_index=process_index,
-            process_count=process_count,
-        )
+    def perturb_inputs(self, batch: data.Batch, noise: np.ndarray) -> np.ndarray:
+        """``inputs + noise_std * (G + G^T) / 2`` for noise ``G [b, d, d]`` (symmetric)."""
+        return batch["inputs"] + self.config.noise_std * (noise + np.swapaxes(noise, 1, 2)) / 2
 
     @staticmethod
     def metrics(predictions, targets, mask=None) -> dict:

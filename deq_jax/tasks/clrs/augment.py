@@ -299,6 +299,11 @@ def augment_rows(
     graph's augmentation depends on its row in the global batch, not on how the batch
     is split over processes.
     """
+    if weight_power != 1.0 and algorithm not in SPANNING_TREES:
+        raise ValueError(
+            f"Raising the weights keeps the output of {', '.join(SPANNING_TREES)}, "
+            f"not {algorithm!r}'s."
+        )
     keys = ("inputs", "input_A", "input_s", "targets")
     rows = []
     for i in range(len(batch["inputs"])):
@@ -310,11 +315,6 @@ def augment_rows(
         if extra_edge_rate:
             graph = add_solution_preserving_edges(algorithm, graph, rng, extra_edge_rate)
         if weight_power != 1.0:
-            if algorithm not in SPANNING_TREES:
-                raise ValueError(
-                    f"Raising the weights keeps the output of {', '.join(SPANNING_TREES)}, "
-                    f"not {algorithm!r}'s."
-                )
             graph["input_A"] = raise_weights(graph["input_A"], rng, weight_power)
         rows.append(graph)
     out = {k: v for k, v in batch.items() if not k.startswith("hint_")}
