@@ -15,6 +15,13 @@ and writes to ``{workdir}``:
 * ``clrs_report.md``: the same as a table;
 * ``clrs_report.png``: the score and the steps against the graph size.
 
+With ``--answer_steps``, each deq-mode run's solves are also replayed
+(`launch.clrs_steps`) and every split gets the step at which the decoded answer
+settled (``answer_mean``, ``answer_max``) and at which every node converged
+(``node_mean``, ``node_max``); the table gains the answer's mean steps at 16 and 64
+nodes and the figure a dotted line per deq run. It costs about four evaluations of the
+model per step of the eval budget.
+
 Modes: ``deq`` (the solver's fixed point, implicit gradients), ``hint_propagation``
 (iterate to the fixed point, backprop through time), ``fixed_steps`` (the true number of
 steps with hint supervision, CLRS's baseline).
@@ -24,6 +31,7 @@ Usage::
     python -m launch.clrs_report --workdir /tmp/clrs_report \\
         [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
         [--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn]
+        [--answer_steps]
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -71,6 +79,12 @@ def define_flags() -> None:
     flags.DEFINE_list("modes", list(MODES), "Modes: deq, hint_propagation, fixed_steps.")
     flags.DEFINE_integer("steps", 0, "Train steps of every run (0: the config's).")
     flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+    flags.DEFINE_boolean(
+        "answer_steps",
+        False,
+        "Replay every deq run's solves for the step at which its answer settled "
+        "(launch.clrs_steps; about four model evaluations per budget step).",
+    )
     flags.DEFINE_multi_string(
         "set",
         [],
@@ -151,6 +165,18 @@ def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+def add_answer_steps(run: Any, config: Any, splits: dict[str, dict]) -> None:
+    """Adds the replayed step counts of a deq run (`launch.clrs_steps`) to each split:
+    ``answer_mean`` / ``answer_max`` (the decoded answer settled) and ``node_mean`` /
+    ``node_max`` (every node converged)."""
+    from launch import clrs_steps
+
+    for split, result in clrs_steps.profile_splits(run, tuple(splits), config, quiet).items():
+        for key in ("answer", "node"):
+            splits[split][f"{key}_mean"] = result[key]["mean"]
+            splits[split][f"{key}_max"] = result[key]["max"]
+
+
 def report_row(algorithm: str, mode: str, splits: dict[str, dict], seconds: float | None) -> dict:
     """One table row: scores and steps at 16 and 64 nodes, the goal and the gap."""
     goal = GOALS[algorithm]
@@ -167,6 +193,8 @@ def report_row(algorithm: str, mode: str, splits: dict[str, dict], seconds: floa
         val_nstep_max=val.get("nstep_max"),
         test_nstep_mean=test.get("nstep_mean"),
         test_nstep_max=test.get("nstep_max"),
+        val_answer_mean=val.get("answer_mean"),
+        test_answer_mean=test.get("answer_mean"),
         train_seconds=seconds,
         splits=splits,
     )
@@ -180,10 +208,13 @@ def _cell(value: Any, percent: bool = False, digits: int = 1) -> str:
 
 def markdown(rows: Sequence[dict]) -> str:
     """The report as a markdown table (scores in percent)."""
+    answers = any(r.get("val_answer_mean") is not None for r in rows)
     lines = [
         f"| algorithm | mode | val score (16) | test score ({TARGET[5:]}) | goal (DEQ column) | "
-        "gap | steps mean/max (16) | steps mean/max (64) | train s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "gap | steps mean/max (16) | steps mean/max (64) | "
+        + ("answer settled mean (16 / 64) | " if answers else "")
+        + "train s |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if answers else "") + "---|",
     ]
     references = {}  # the MSTs' reference rules (`REFERENCE_RULES`) on the target split
     for r in rows:
@@ -192,17 +223,23 @@ def markdown(rows: Sequence[dict]) -> str:
             if target.get(key) is not None:
                 references.setdefault(r["algorithm"], (rule, target[key]))
         if "diverged" in r:
-            lines.append(f"| {r['algorithm']} | {r['mode']} | diverged | | {r['goal']} | | | | |")
+            empty = "| " * (5 if answers else 4)
+            lines.append(f"| {r['algorithm']} | {r['mode']} | diverged | | {r['goal']} {empty}|")
             continue
         gap = "-" if r["gap"] is None else f"{r['gap']:+.1f}"
         steps = [
             f"{_cell(r[f'{k}_nstep_mean'])} / {_cell(r[f'{k}_nstep_max'], digits=0)}"
             for k in ("val", "test")
         ]
+        answer = (
+            f"{_cell(r.get('val_answer_mean'))} / {_cell(r.get('test_answer_mean'))} | "
+            if answers
+            else ""
+        )
         lines.append(
             f"| {r['algorithm']} | {r['mode']} | {_cell(r['val_score'], True)} | "
             f"{_cell(r['test_score'], True)} | {r['goal']} | {gap} | {steps[0]} | {steps[1]} | "
-            f"{_cell(r['train_seconds'], digits=0)} |"
+            f"{answer}{_cell(r['train_seconds'], digits=0)} |"
         )
     for algorithm, (rule, reference) in references.items():
         lines.append(f"\n{algorithm}: {rule} scores {100 * reference:.1f} on the {TARGET} graphs.")
@@ -217,9 +254,11 @@ def run_report(
     steps: int = 0,
     smoke: bool = False,
     overrides: Sequence[str] = (),
+    answer_steps: bool = False,
     emit: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG."""
+    """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG
+    (``answer_steps``: with the deq runs' replayed step counts, `add_answer_steps`)."""
     from deq_jax.training import evaluate
     from launch import clrs_report_plots as plots
 
@@ -238,13 +277,22 @@ def run_report(
                 )
                 continue
             seconds = evaluate.read_train_seconds(workdir)
-            row = report_row(algorithm, mode, evaluate_run(run, config), seconds)
+            splits = evaluate_run(run, config)
+            if answer_steps and mode == "deq":
+                add_answer_steps(run, config, splits)
+            row = report_row(algorithm, mode, splits, seconds)
             rows.append(row)
             brief = {k: v for k, v in row.items() if k != "splits"}
             emit(f"[{algorithm}/{mode}] {json.dumps(brief)}")
     os.makedirs(root, exist_ok=True)
     report = dict(
-        rows=rows, goals=GOALS, target=TARGET, steps=steps, smoke=smoke, overrides=list(overrides)
+        rows=rows,
+        goals=GOALS,
+        target=TARGET,
+        steps=steps,
+        smoke=smoke,
+        overrides=list(overrides),
+        answer_steps=answer_steps,
     )
     paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md", "png")}
     report["figure"] = plots.write_figure(rows, paths["png"])
@@ -275,6 +323,7 @@ def main(argv: Sequence[str]) -> None:
         steps=flag.steps,
         smoke=flag.smoke,
         overrides=flag.set,
+        answer_steps=flag.answer_steps,
         emit=lambda line: print(line, flush=True),
     )
 

@@ -57,6 +57,10 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
         )
         left.plot(nodes, [100 * p["score"] for p in points], **style)
         right.plot(nodes, [p["nstep_mean"] for p in points], **style)
+        if all("answer_mean" in p for p in points):  # replayed: when the answer settled
+            label = f"{style['label']} answer"
+            answer = dict(style, linestyle=(0, (1, 2)), marker="x", label=label)
+            right.plot(nodes, [p["answer_mean"] for p in points], **answer)
     references = {}
     for algorithm in algorithms:
         goal = next(r["goal"] for r in rows if r["algorithm"] == algorithm)
@@ -68,7 +72,7 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
             dotted = dict(color=colours[algorithm], linestyle=(0, (1, 3)), linewidth=1)
             left.plot(nodes, scores, label=label, **dotted)
     left.set_ylabel("score (%)  [x: DEQ column of the post at 64 nodes]")
-    right.set_ylabel("processor steps (mean)")
+    right.set_ylabel("processor steps (mean; dotted x: answer settled)")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("nodes per graph")

@@ -72,6 +72,26 @@ def test_rows_table_and_figure(tmp_path):
     assert os.path.getsize(path) > 1000
 
 
+def test_answer_steps_in_the_table_and_figure(tmp_path):
+    splits = {
+        "val": dict(nodes=16, score=0.9, nstep_mean=10.0, nstep_max=14.0, answer_mean=6.5),
+        "test_64": dict(nodes=64, score=0.5, nstep_mean=9.0, nstep_max=30.0, answer_mean=21.25),
+    }
+    row = clrs_report.report_row("dijkstra", "deq", splits, 12.0)
+    assert (row["val_answer_mean"], row["test_answer_mean"]) == (6.5, 21.25)
+    fixed = clrs_report.report_row("dijkstra", "fixed_steps", {}, 3.0)  # no replay there
+    diverged = dict(algorithm="dfs", mode="deq", goal=5.0, diverged="nan")
+    table = clrs_report.markdown([row, fixed, diverged])
+    assert "| answer settled mean (16 / 64) | train s |" in table
+    assert "| 10.0 / 14 | 9.0 / 30 | 6.5 / 21.2 | 12 |" in table
+    assert "| - / - | - / - | - / - | 3 |" in table
+    widths = {line.count("|") for line in table.splitlines() if line.startswith("|")}
+    assert widths == {11}  # every row, the diverged one too, has the header's columns
+    path = clrs_report_plots.write_figure([row, fixed, diverged], str(tmp_path / "a.png"))
+    assert os.path.getsize(path) > 1000
+    assert "answer settled" not in clrs_report.markdown([fixed])
+
+
 @pytest.mark.parametrize(
     "modes",
     [
@@ -82,7 +102,7 @@ def test_rows_table_and_figure(tmp_path):
 def test_smoke_report_end_to_end(modes, tmp_path):
     root = str(tmp_path)
     report = clrs_report.run_report(
-        root, ["bellman_ford"], list(modes), smoke=True, emit=lambda s: None
+        root, ["bellman_ford"], list(modes), smoke=True, answer_steps=True, emit=lambda s: None
     )
     for ext in ("json", "md", "png"):
         assert os.path.exists(os.path.join(root, f"clrs_report.{ext}"))
@@ -93,6 +113,12 @@ def test_smoke_report_end_to_end(modes, tmp_path):
         assert set(row["splits"]) == {"val", "test_9"}  # the smoke config's sizes
         assert 0.0 <= row["val_score"] <= 1.0 and row["val_nstep_max"] >= 1
         assert row["train_seconds"] > 0
+        replayed = row["mode"] == "deq"  # answer_steps replays the deq runs only
+        assert (row["val_answer_mean"] is not None) == replayed
+        if replayed:
+            for split in row["splits"].values():
+                assert 1 <= split["answer_mean"] <= split["answer_max"]
+                assert 1 <= split["node_mean"] <= split["node_max"]
     # A second report loads the finished runs instead of training them again.
     again = clrs_report.run_report(
         root, ["bellman_ford"], [modes[0]], smoke=True, emit=lambda s: None

@@ -337,6 +337,23 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
         np.testing.assert_allclose(last["loss"], last["task_loss"] + last["aux_loss"], rtol=1e-5)
     else:
         assert all("aux_loss" not in r for r in train)
+    if algorithm == "mst_prim":  # the step profile replays the run's solves
+        from launch import clrs_steps
+
+        lines = []
+        profile = clrs_steps.profile_run(config, str(tmp_path), ["val", "test_9"], lines.append)
+        budget = config.model.eval_max_iter
+        for split, nodes in (("val", 6), ("test_9", 9)):
+            steps = profile[split]
+            assert steps["nodes"] == nodes and steps["budget"] == budget
+            reported = steps["solver_reported_mean"]  # the eval's own solves, replayed
+            assert reported == pytest.approx(result.report["1x"][split]["nstep_mean"], abs=1e-6)
+            assert reported == pytest.approx(steps["solver"]["mean"], abs=1.0)
+            for key in clrs_steps.MEASURES:
+                assert 1 <= steps[key]["mean"] <= steps[key]["max"] <= budget
+        assert lines[0].startswith("val (6 nodes")
+        figure = clrs_steps.write_figure(profile, str(tmp_path / "steps.png"))
+        assert os.path.getsize(figure) > 1000
     if kruskal:  # the edge-mask breakdown of the trained run agrees with its score
         from launch import clrs_diagnose
 
@@ -348,6 +365,18 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
         assert lines[0].startswith("val: F1")
         figure = clrs_diagnose.write_figure(breakdown, str(tmp_path / "diagnostics.png"))
         assert os.path.getsize(figure) > 1000
+
+
+def test_step_profile_needs_a_trained_deq_mode_run(tmp_path):
+    from launch import clrs_steps
+
+    config = clrs_common.clrs_config("bfs", "smoke")
+    config.model.mode = "fixed_steps"
+    with pytest.raises(ValueError, match="replays a deq-mode solve"):
+        clrs_steps.profile_run(config, str(tmp_path))
+    config.model.mode = "deq"
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        clrs_steps.profile_run(config, str(tmp_path))
 
 
 def test_extra_edges_refuse_the_hint_supervised_mode(tmp_path):
