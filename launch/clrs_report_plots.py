@@ -41,7 +41,7 @@ def _reference_points(rows: Sequence[dict], algorithm: str) -> list[tuple[int, f
 
 def write_figure(rows: Sequence[dict], path: str) -> str:
     """Draws the two panels for the report's rows; returns ``path``."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 4.2))
     algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
     colours = {a: plt.get_cmap("tab10")(i % 10) for i, a in enumerate(algorithms)}
     for row in rows:
@@ -73,10 +73,12 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
             left.plot(nodes, scores, label=label, **dotted)
     left.set_ylabel("score (%)  [x: DEQ column of the post at 64 nodes]")
     right.set_ylabel("processor steps (mean; dotted x: answer settled)")
+    sizes = sorted({s["nodes"] for r in rows for s in r.get("splits", {}).values()})
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(n) for n in sizes])
         ax.set_xlabel("nodes per graph")
-    right.legend(fontsize=6, ncol=2)
+    right.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if any(references.values()):
         left.legend(fontsize=6, handles=[h for h in left.lines if "reference" in h.get_label()])
     trained = {r["splits"]["val"]["nodes"] for r in rows if "val" in r.get("splits", {})}

@@ -352,6 +352,18 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
             for key in clrs_steps.MEASURES:
                 assert 1 <= steps[key]["mean"] <= steps[key]["max"] <= budget
         assert lines[0].startswith("val (6 nodes")
+        from deq_jax.training import setup
+        from launch import clrs_report
+
+        run = setup(config, str(tmp_path))  # the report's form: counts merged into its splits
+        run.checkpointer.close()
+        splits = {"val": {"score": 0.5}, "test_9": {}}
+        clrs_report.add_answer_steps(run, config, splits)
+        assert splits["val"]["score"] == 0.5
+        for split, counts in splits.items():
+            for key in ("answer", "node"):
+                assert counts[f"{key}_mean"] == profile[split][key]["mean"]
+                assert counts[f"{key}_max"] == profile[split][key]["max"]
         figure = clrs_steps.write_figure(profile, str(tmp_path / "steps.png"))
         assert os.path.getsize(figure) > 1000
     if kruskal:  # the edge-mask breakdown of the trained run agrees with its score
