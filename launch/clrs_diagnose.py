@@ -24,17 +24,14 @@ A run of `launch.clrs_report` lives in ``{report workdir}/<algorithm>/<mode>``.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from absl import flags
 
 from launch import main as launch_main
 
-_SPLITS = flags.DEFINE_list("splits", [], "Splits to diagnose (default: every eval split).")
+launch_main.define_splits_flag()
 
 SHORTEST_PATHS = ("bellman_ford", "dijkstra")
 OUTPUT = "clrs_diagnostics"  # .json and .png
@@ -240,20 +237,7 @@ def _edge_bars(ax: Any, report: dict[str, dict]) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
-    workdir = launch_main._WORKDIR.value
-    report = diagnose_run(
-        launch_main._CONFIG.value,
-        workdir,
-        _SPLITS.value,
-        emit=lambda s: print(s, flush=True),
-    )
-    path = os.path.join(workdir, f"{OUTPUT}.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
-    figure = write_figure(report, os.path.join(workdir, f"{OUTPUT}.png"))
-    print(f"Wrote {path}, {figure}", flush=True)
+    launch_main.run_split_tool(argv, diagnose_run, write_figure, OUTPUT)
 
 
 if __name__ == "__main__":

@@ -30,17 +30,14 @@ Costs about four evaluations of the model per replayed step.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from absl import flags
 
 from launch import main as launch_main
 
-_SPLITS = flags.DEFINE_list("splits", [], "Splits to profile (default: every eval split).")
+launch_main.define_splits_flag()
 
 OUTPUT = "clrs_steps"  # .json and .png
 MEASURES = ("solver", "node", "answer")
@@ -204,17 +201,7 @@ def write_figure(report: dict[str, dict], path: str) -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
-    workdir = launch_main._WORKDIR.value
-    report = profile_run(
-        launch_main._CONFIG.value, workdir, _SPLITS.value, emit=lambda s: print(s, flush=True)
-    )
-    path = os.path.join(workdir, f"{OUTPUT}.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
-    figure = write_figure(report, os.path.join(workdir, f"{OUTPUT}.png"))
-    print(f"Wrote {path}, {figure}", flush=True)
+    launch_main.run_split_tool(argv, profile_run, write_figure, OUTPUT)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
@@ -122,6 +123,38 @@ def quiet_library_logs() -> None:
     command line sets ``--verbosity``."""
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
+
+
+SPLITS_FLAG = "splits"
+
+
+def define_splits_flag() -> None:
+    """Defines ``--splits`` once: the per-split tools on a trained run
+    (`launch.clrs_diagnose`, `launch.clrs_steps`) share it, and both may be imported
+    into one process."""
+    if SPLITS_FLAG not in flags.FLAGS:
+        flags.DEFINE_list(SPLITS_FLAG, [], "Splits to analyse (default: every eval split).")
+
+
+def run_split_tool(
+    argv: Sequence[str],
+    analyse: Callable[..., dict],
+    write_figure: Callable[[dict, str], str],
+    output: str,
+) -> None:
+    """The ``main`` of a per-split tool on a trained run: ``analyse(config, workdir,
+    splits, emit=...)`` printing as it goes, then ``{workdir}/{output}.json`` and the
+    figure ``{output}.png`` (``write_figure(report, path)``)."""
+    reject_arguments(argv)
+    quiet_library_logs()
+    workdir = _WORKDIR.value
+    emit = functools.partial(print, flush=True)
+    report = analyse(_CONFIG.value, workdir, flags.FLAGS[SPLITS_FLAG].value, emit=emit)
+    path = os.path.join(workdir, f"{output}.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, sort_keys=True)
+    figure = write_figure(report, os.path.join(workdir, f"{output}.png"))
+    emit(f"Wrote {path}, {figure}")
 
 
 def run(entry) -> None:

@@ -5,7 +5,16 @@ import os
 
 import pytest
 
-from launch import clrs_diagnose, clrs_report, clrs_report_plots
+from launch import clrs_diagnose, clrs_report, clrs_report_plots, clrs_steps
+from launch import main as launch_main
+
+
+def test_the_per_split_tools_load_together():
+    """`clrs_diagnose` and `clrs_steps` share one ``--splits`` flag (defining it twice
+    would fail at import)."""
+    launch_main.define_splits_flag()  # again: a no-op
+    assert clrs_diagnose.main is not clrs_steps.main
+    assert launch_main.flags.FLAGS[launch_main.SPLITS_FLAG].default == []
 
 
 def test_run_config_and_scores():
