@@ -83,14 +83,11 @@ def diagnose_run(
       ValueError: for a task other than CLRS.
     """
     from deq_jax.tasks.clrs import diagnostics
-    from deq_jax.training import setup
+    from deq_jax.training import restore_trained
 
     if config.task.name != "clrs":
         raise ValueError(f"clrs_diagnose takes a CLRS run, not {config.task.name!r}.")
-    run = setup(config, workdir)
-    run.checkpointer.close()
-    if run.start_step == 0:
-        raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} to diagnose.")
+    run = restore_trained(config, workdir, "to diagnose")
     algorithm = config.task.algorithm
     predict = predictor(run)  # one jitted function: splits of one size share its compilation
     report = {}

@@ -123,7 +123,7 @@ def profile_run(
       FileNotFoundError: if the workdir holds no checkpoint.
       ValueError: for a task other than CLRS, or a mode other than ``deq``.
     """
-    from deq_jax.training import setup
+    from deq_jax.training import restore_trained
 
     if config.task.name != "clrs":
         raise ValueError(f"clrs_steps takes a CLRS run, not {config.task.name!r}.")
@@ -131,10 +131,7 @@ def profile_run(
         raise ValueError(
             f"clrs_steps replays a deq-mode solve; this run's mode is {config.model.mode!r}."
         )
-    run = setup(config, workdir)
-    run.checkpointer.close()
-    if run.start_step == 0:
-        raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} to profile.")
+    run = restore_trained(config, workdir, "to profile")
     return profile_splits(run, tuple(splits) or tuple(run.task.eval_splits), config, emit)
 
 

@@ -20,7 +20,7 @@ from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_rep
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
-from deq_jax.training.setup import Run, setup
+from deq_jax.training.setup import Run, restore_trained, setup
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import (
     classification_loss,
@@ -56,6 +56,7 @@ __all__ = [
     "make_train_step",
     "read_metrics",
     "regression_loss",
+    "restore_trained",
     "setup",
     "sharding",
     "train_and_evaluate",

@@ -23,7 +23,7 @@ import jax
 from jax.sharding import Mesh
 
 from deq_jax.training import sharding, steps
-from deq_jax.training.setup import setup
+from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
 
 REPORT_FILE = "length_generalization.json"
@@ -182,10 +182,7 @@ def evaluate_checkpoint(
       FileNotFoundError: if the workdir holds no checkpoint.
       CheckpointMismatchError: if the checkpoint does not fit the config's model.
     """
-    run = setup(config, workdir)
-    run.checkpointer.close()
-    if run.start_step == 0:
-        raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} to evaluate.")
+    run = restore_trained(config, workdir, "to evaluate")
     splits = tuple(splits) or tuple(run.task.eval_splits)
     if not max_iters:
         max_iters = [

@@ -90,3 +90,23 @@ def setup(config: Any, workdir: str) -> Run:
         start_step=start,
         checkpointer=ckpt,
     )
+
+
+def restore_trained(config: Any, workdir: str, purpose: str) -> Run:
+    """`setup` for a tool that reads a trained run: the checkpointer is closed (nothing
+    is saved) and a workdir without a checkpoint is an error.
+
+    Args:
+      config: the configuration the run was trained with.
+      workdir: the run's directory.
+      purpose: what the run is restored for, in the error ("to evaluate").
+
+    Raises:
+      FileNotFoundError: if the workdir holds no checkpoint.
+      CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
+    """
+    run = setup(config, workdir)
+    run.checkpointer.close()
+    if run.start_step == 0:
+        raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} {purpose}.")
+    return run
