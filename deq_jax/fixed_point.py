@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from deq_jax import _flat
 from deq_jax.backward.base import Backward
@@ -79,5 +81,72 @@ def fixed_point(
     z_flat, stats = backward.solve(
         lambda z, p: fn_closed(z, p[0], *p[1]), z0_flat, params, solver, stats_probe
     )
+    stats = jax.tree_util.tree_map(lambda x: _flat.unbatch_stats(x, layout), stats)
+    return Solution(value=_flat.unflatten(z_flat, layout), stats=stats)
+
+
+def _detach(x: Any) -> Any:
+    """``x`` without a gradient if it is a float array, else ``x`` unchanged."""
+    if isinstance(x, jax.Array | np.ndarray) and jnp.issubdtype(x.dtype, jnp.inexact):
+        return jax.lax.stop_gradient(x)
+    return x
+
+
+def solve_until_settled(
+    f: Callable[[Any, Any], Any],
+    z0: Any,
+    args: Any = None,
+    *,
+    solver: Solver,
+    readout: Callable[[Any], Any],
+    patience: int = 2,
+    batched: bool | None = None,
+) -> Solution:
+    """Solves ``z = f(z, args)`` like `fixed_point`, also stopping once ``readout`` settles.
+
+    For models whose output is discrete (a pointer per node, a class), the residual
+    test goes on iterating long after the decoded output is final. Here a sample also
+    stops when ``readout(z)`` has been the same for ``patience`` evaluations in a row
+    (`deq_jax.solvers.iterate`); it is then returned at the iterate it stopped on and
+    counts as converged. A sample whose residual passes the solver's ``tol`` first stops
+    as in `fixed_point`.
+
+    Forward only, for evaluation: the returned value carries no gradient (train with
+    `fixed_point`, whose implicit gradient assumes a converged fixed point).
+
+    Args:
+      f: the cell, as in `fixed_point`.
+      z0: the initial state, a pytree of float arrays.
+      args: everything ``f`` depends on.
+      solver: the forward solver; its ``tol`` and ``max_iter`` still apply.
+      readout: ``z -> pytree`` of arrays with the batch axis first (``z`` shaped like
+        ``z0``), e.g. a decoder's argmax. Equality is exact, so read out discrete values.
+      patience: evaluations in a row with an unchanged readout that stop a sample.
+      batched: as in `fixed_point`.
+
+    Returns:
+      A `Solution`; ``stats.nstep`` counts the evaluations until the sample stopped by
+      either rule.
+
+    Raises:
+      ValueError: as `fixed_point`, or for a ``patience`` below 1.
+    """
+    from deq_jax.solvers.loop import iterate
+
+    if not isinstance(solver, Solver):
+        raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
+    _check_output(f, z0, args)
+    if batched is None:
+        batched = _flat.infer_batched(z0)
+    layout = _flat.layout_of(z0, batched)
+    z0_flat = jax.lax.stop_gradient(_flat.flatten(z0, layout))
+    args = jax.tree_util.tree_map(_detach, args)  # forward only
+    fn = lambda z: _flat.flatten(f(_flat.unflatten(z, layout), args), layout)
+    read = lambda z: readout(_flat.unflatten(z, layout))
+    if not batched:  # iterate's rows are samples: give the readout's leaves one
+        read = lambda z: jax.tree_util.tree_map(
+            lambda x: jnp.reshape(x, (1, -1)), readout(_flat.unflatten(z, layout))
+        )
+    z_flat, stats = iterate(solver, fn, z0_flat, readout=read, patience=patience)
     stats = jax.tree_util.tree_map(lambda x: _flat.unbatch_stats(x, layout), stats)
     return Solution(value=_flat.unflatten(z_flat, layout), stats=stats)

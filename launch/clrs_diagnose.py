@@ -38,18 +38,25 @@ OUTPUT = "clrs_diagnostics"  # .json and .png
 MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 
 
-def predictor(run: Any) -> Callable[[Any, dict], Any]:
+def predictor(run: Any, settle_patience: int = 0) -> Callable[[Any, dict], Any]:
     """The jitted ``(variables, batch) -> parents`` (or Kruskal's 0/1 edge mask) of the
-    run's model at its eval budget."""
+    run's model at its eval budget, stopping as its evaluation does (``settle_patience``,
+    the config's ``eval.settle_patience``: `deq_jax.analysis.settled_apply`)."""
     import jax
+
+    from deq_jax.analysis import settled_apply
 
     extras = tuple(run.task.batch_extras)
 
     @jax.jit
     def predict(variables, batch):
-        outputs, _ = run.model.apply(
-            variables, batch["inputs"], train=False, **{k: batch[k] for k in extras}
-        )
+        kw = {k: batch[k] for k in extras}
+        if settle_patience:
+            outputs, _ = settled_apply(
+                run.model, variables, batch["inputs"], patience=settle_patience, strict=False, **kw
+            )
+        else:
+            outputs, _ = run.model.apply(variables, batch["inputs"], train=False, **kw)
         return outputs.argmax(-1)
 
     return predict
@@ -89,7 +96,8 @@ def diagnose_run(
         raise ValueError(f"clrs_diagnose takes a CLRS run, not {config.task.name!r}.")
     run = restore_trained(config, workdir, "to diagnose")
     algorithm = config.task.algorithm
-    predict = predictor(run)  # one jitted function: splits of one size share its compilation
+    # one jitted function: splits of one size share its compilation
+    predict = predictor(run, config.eval.get("settle_patience", 0))
     report = {}
     for split in tuple(splits) or tuple(run.task.eval_splits):
         arrays = predictions(run, split, config.eval.batch_size, predict)

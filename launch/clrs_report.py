@@ -148,7 +148,13 @@ def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
     """Score and processor steps of every eval split at the model's eval budget."""
     from deq_jax.training import evaluate
 
-    evaluator = evaluate.Evaluator(run.model, run.task, run.mesh, config.eval.batch_size)
+    evaluator = evaluate.Evaluator(
+        run.model,
+        run.task,
+        run.mesh,
+        config.eval.batch_size,
+        settle_patience=config.eval.get("settle_patience", 0),
+    )
     out = {}
     for split, metrics in evaluator.evaluate_splits(run.state, run.task.eval_splits).items():
         out[split] = dict(

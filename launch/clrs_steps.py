@@ -5,7 +5,9 @@ graph of the chosen splits, replays the run's own solver at its eval budget
 (`deq_jax.analysis.solver_trajectory`) and reads three step counts off the iterates:
 
 * ``solver``: the steps the solver takes, its whole-state relative residual
-  ``||f(z) - z|| / ||f(z)||`` at most ``solver.tol`` (what the report's steps count);
+  ``||f(z) - z|| / ||f(z)||`` at most ``solver.tol`` (what the report's steps count
+  with ``eval.settle_patience=0``; the configs' evaluation also stops once the answer
+  has settled, `deq_jax.analysis.settled_apply`, and these replays do not);
 * ``node``: the steps until every node has converged, the worst node's relative
   residual (`deq_jax.analysis.node_residual`) at most ``solver.tol``. A graph that is
   four times larger around the same unsettled nodes passes the whole-state test about

@@ -296,8 +296,15 @@ def test_configs_are_documented(algorithm):
     assert config.task.near_tie_weight == 1.0
     # MST-Prim's training weights are raised to a power in [1, 4] (the tree stays).
     assert config.task.weight_power == (4.0 if algorithm == "mst_prim" else 1.0)
+    # The eval solve also stops once the answer settles (3 steps; Prim's pauses: 6).
+    assert config.eval.settle_patience == (6 if algorithm == "mst_prim" else 3)
     tasks.get(**{**config.task.to_dict(), "data_dir": ""})  # the task accepts the section
-    with pytest.raises(ValueError, match="smoke"):
+    large = module.get_config("large")  # Bellman-Ford's goal recipe: 98.3 / 99.0 at 64
+    assert (large.model.hidden, large.train.steps) == (128, 6000)
+    large.model.hidden, large.train.steps = config.model.hidden, config.train.steps
+    large.eval.every_steps = large.ckpt.every_steps = config.eval.every_steps
+    assert large.to_dict() == config.to_dict()  # nothing else differs
+    with pytest.raises(ValueError, match="smoke, large"):
         clrs_common.clrs_config(algorithm, "huge")
 
 
@@ -325,6 +332,8 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
         config.task.extra_edge_rate = 0.0  # the hints must be the graph's own
     if mode == "hint_propagation":  # output-preserving extra edges through the loop
         config.task.extra_edge_rate = 1.0
+    if algorithm == "mst_prim":  # its step profile replays the residual-stop solves
+        config.eval.settle_patience = 0
     result = train_and_evaluate(config, str(tmp_path), emit=lambda s: None)
     assert result.step == config.train.steps
     assert str(config.train.steps) in os.listdir(tmp_path / "checkpoints")

@@ -18,7 +18,7 @@ _SCRIPT = """
 import json, sys
 import jax
 from configs import prefix_sum
-from deq_jax.training import setup, train_and_evaluate, writers
+from deq_jax.training import Evaluator, restore_trained, setup, train_and_evaluate, writers
 
 workdir, data_dir = sys.argv[1], sys.argv[2]
 config = prefix_sum.get_config("smoke")
@@ -30,13 +30,19 @@ config.eval.every_steps = 0
 config.eval.budget_multipliers = (1,)
 train_and_evaluate(config, workdir, emit=lambda line: None)
 losses = [r["loss"] for r in writers.read_metrics(workdir) if r["split"] == "train"]
+run = restore_trained(config, workdir, "to evaluate")  # the answer stop, sharded
+settled = Evaluator(
+    run.model, run.task, run.mesh, config.eval.batch_size, settle_patience=1
+).evaluate(run.state, run.task.eval_splits[0])
+settled = [settled[k] for k in ("loss", "nstep_mean", "nstep_max", "converged")]
 config.train.batch_size = 12
 try:
     setup(config, workdir + "_bad")
     error = ""
 except ValueError as e:
     error = str(e)
-print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses, "error": error}))
+result = {"devices": jax.device_count(), "losses": losses, "settled": settled, "error": error}
+print("RESULT " + json.dumps(result))
 """
 
 
@@ -71,6 +77,8 @@ def test_same_losses_on_one_and_eight_devices(runs):
     assert (one["devices"], eight["devices"]) == (1, 8)
     assert len(one["losses"]) == 4
     np.testing.assert_allclose(eight["losses"], one["losses"], atol=1e-5, rtol=0)
+    # the eval that stops each sample when its answer settles, sharded over 8 devices
+    np.testing.assert_allclose(eight["settled"], one["settled"], atol=1e-5, rtol=0)
 
 
 def test_batch_not_divisible_by_devices_fails_clearly(runs):

@@ -6,10 +6,12 @@ answer settled, when every node converged)."""
 from deq_jax.analysis.adversarial import AttackResult, adversarial_aa, unrolled_run
 from deq_jax.analysis.model_analysis import (
     DEQCall,
+    argmax_answer,
     deq_call,
     model_aa_score,
     model_adversarial_aa,
     outputs_at,
+    settled_apply,
 )
 from deq_jax.analysis.path_independence import (
     aa_score,
@@ -23,6 +25,7 @@ from deq_jax.analysis.trajectory import first_below, node_residual, settle_step,
 __all__ = [
     "AttackResult",
     "DEQCall",
+    "argmax_answer",
     "deq_call",
     "model_aa_score",
     "model_adversarial_aa",
@@ -36,6 +39,7 @@ __all__ = [
     "node_residual",
     "per_sample_cosine",
     "settle_step",
+    "settled_apply",
     "solver_trajectory",
     "test_time_scaling",
     "unrolled_run",

@@ -10,7 +10,9 @@ inputs of the cell-level tools `aa_score` and `adversarial_aa`. On top of it:
 * `model_aa_score`: Algorithm 1 of Anil et al. on a whole model;
 * `model_adversarial_aa`: the attacked AA score and the model's outputs at the attacked
   fixed points (for attacked accuracy);
-* `outputs_at`: the model's outputs read out from a given state instead of a solve.
+* `outputs_at`: the model's outputs read out from a given state instead of a solve;
+* `settled_apply`: the model in eval mode with its DEQ stopping each sample once the
+  model's decoded answer stops changing (`deq_jax.fixed_point.solve_until_settled`).
 
 Nothing here changes the model's code: the interception uses
 `flax.linen.intercept_methods`.
@@ -23,6 +25,7 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -31,6 +34,7 @@ import jax.numpy as jnp
 
 from deq_jax.analysis.adversarial import AttackResult, adversarial_aa
 from deq_jax.analysis.path_independence import derangement, per_sample_cosine
+from deq_jax.fixed_point import solve_until_settled
 from deq_jax.nn.deq import DEQ, EquilibriumProblem
 from deq_jax.solvers.base import SolverStats
 
@@ -190,3 +194,88 @@ def model_adversarial_aa(
     attack = adversarial_aa(p.f, p.z0, p.args, solver=p.solver, key=key, **attack_options)
     outputs = outputs_at(model, variables, inputs, attack.fixed_points, **model_kwargs)
     return attack, outputs
+
+
+def argmax_answer(outputs: jax.Array) -> jax.Array:
+    """The decoded answer of classification logits: the argmax over the last axis."""
+    return jnp.argmax(outputs, axis=-1)
+
+
+def settled_apply(
+    model: nn.Module,
+    variables: Any,
+    inputs: Any,
+    *,
+    patience: int = 2,
+    answer: Callable[[Any], Any] = argmax_answer,
+    max_iter: int | None = None,
+    rngs: dict[str, jax.Array] | None = None,
+    strict: bool = True,
+    **model_kwargs: Any,
+) -> tuple[Any, SolverStats]:
+    """Applies ``model`` in eval mode; its first `DEQ` also stops once the answer settles.
+
+    Each sample's solve stops when the model's decoded answer, ``answer(outputs)`` read
+    out at the current iterate (`outputs_at`), has been the same for ``patience``
+    evaluations in a row, or when the residual passes the solver's ``tol``, whichever
+    comes first (`deq_jax.fixed_point.solve_until_settled`). The model then decodes the
+    state it stopped at. Each step costs one more evaluation of the model's readout (the
+    input projection, one cell call, the decoder). Forward only.
+
+    Args:
+      model: a linen model whose ``apply(variables, inputs, train=False, ...)`` returns
+        ``(outputs, stats)`` and calls a `deq_jax.nn.DEQ`.
+      variables: its variables.
+      inputs: its inputs.
+      patience: evaluations in a row with an unchanged answer that stop a sample.
+      answer: ``outputs -> pytree`` of discrete arrays with the batch axis first (by
+        default the argmax of the logits).
+      max_iter: the DEQ's budget (``None``: the model's eval budget).
+      rngs: rngs of the call.
+      strict: raise if the model calls no `DEQ`; with ``False`` such a model (a CLRS
+        model in ``fixed_steps`` or ``hint_propagation`` mode) is applied as usual.
+      **model_kwargs: more keywords of the model call.
+
+    Returns:
+      ``(outputs, stats)`` as the model returns them; ``stats.nstep`` counts the
+      evaluations of the cell until each sample stopped.
+
+    Raises:
+      ValueError: if ``strict`` and the model called no `DEQ`, or for a ``patience``
+        below 1.
+    """
+    solving: list[bool] = []  # set while the solve runs: the readout's own calls pass
+    solved: list[bool] = []
+
+    def readout(z):
+        return answer(outputs_at(model, variables, inputs, z, **model_kwargs))
+
+    def interceptor(next_fun, args, kwargs, context):
+        deq = isinstance(context.module, DEQ) and context.method_name == "__call__"
+        if solving or solved or not deq:
+            return next_fun(*args, **kwargs)
+        solved.append(True)
+        x, start = args[0], (args[1] if len(args) > 1 else kwargs.get("z0"))
+        problem = context.module.problem(
+            x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter")
+        )
+        solving.append(True)
+        try:
+            sol = solve_until_settled(
+                problem.f,
+                problem.z0,
+                problem.args,
+                solver=problem.solver,
+                readout=readout,
+                patience=patience,
+            )
+        finally:
+            solving.pop()
+        return sol.value, sol.stats
+
+    call_kwargs = dict(model_kwargs) if max_iter is None else dict(model_kwargs, max_iter=max_iter)
+    with nn.intercept_methods(interceptor):
+        outputs, stats = model.apply(variables, inputs, train=False, rngs=rngs, **call_kwargs)
+    if strict and not solved:
+        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
+    return outputs, stats

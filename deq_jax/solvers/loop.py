@@ -12,6 +12,15 @@ chosen here and nowhere else:
   `jax.lax.cond` once all samples stopped); reverse-differentiable, used by
   `deq_jax.backward.unrolled`.
 * ``"python"``: a plain Python loop, for debugging with prints and breakpoints.
+
+A second, optional stop rule watches what the state means rather than how far it still
+moves: with ``readout`` (``[B, D] ->`` a pytree of arrays with the batch axis first,
+e.g. a model's decoded answer) and ``patience = p``, a sample also stops once its
+readout has been the same for ``p`` consecutive evaluations after the first one that
+gave it. The sample is then returned at the iterate it stopped on (its readout is the
+settled one), and counts as converged. For models whose output is discrete (pointers,
+masks, classes), the residual test keeps iterating long after the output is final;
+this rule stops when the answer does.
 """
 
 from __future__ import annotations
@@ -41,32 +50,67 @@ class LoopState(NamedTuple):
     active: jax.Array  # [B] bool, still iterating
     diverged: jax.Array  # [B] bool
     trace: jax.Array  # [B, max_iter] stop-mode residual after each evaluation
+    read: Any  # the readout of z (a pytree, batch axis first); () without a readout
+    same: jax.Array  # [B] int32, evaluations in a row with an unchanged readout
+    settled: jax.Array  # [B] bool, stopped by the readout rule
+
+
+class Settle(NamedTuple):
+    """The readout stop rule: ``readout: [B, D] -> pytree`` and its ``patience``."""
+
+    readout: Callable[[jax.Array], Any]
+    patience: int
+
+
+def _same_rows(a: Any, b: Any) -> jax.Array:
+    """``[B]``: whether every leaf of ``a`` equals ``b``'s on each sample."""
+    rows = [
+        jnp.all((x == y).reshape(x.shape[0], -1), axis=1)
+        for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True)
+    ]
+    return jnp.stack(rows, axis=0).all(axis=0)
 
 
 def _best_res(solver: Solver, s: LoopState) -> jax.Array:
     return s.best_rel if solver.stop_mode == "rel" else s.best_abs
 
 
-def _observe(solver: Solver, s: LoopState) -> LoopState:
-    """Books the residual of ``s.z`` (the ``s.k``-th evaluation) into the state."""
+def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = False) -> LoopState:
+    """Books the residual (and readout) of ``s.z``, the ``s.k``-th evaluation."""
     abs_res, rel_res = residuals(s.z, s.fz)
     res = rel_res if solver.stop_mode == "rel" else abs_res
     finite = jnp.isfinite(abs_res) & jnp.isfinite(rel_res)
     improved = s.active & finite & (res < _best_res(solver, s))
     converged_now = s.active & finite & (res <= solver.tol)
     diverged_now = s.active & ~finite
+    read, same, settled_now = s.read, s.same, jnp.zeros_like(s.active)
+    if settle is not None:
+        read = settle.readout(s.z)
+        if not first:
+            unchanged = _same_rows(read, s.read)
+            same = jnp.where(s.active, jnp.where(unchanged, s.same + 1, 0), s.same)
+            settled_now = s.active & finite & ~converged_now & (same >= settle.patience)
+        # a stopped sample keeps the readout it stopped with
+        keep = lambda new, old: jnp.where(s.active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+        read = read if first else jax.tree_util.tree_map(keep, read, s.read)
+    take = improved | settled_now  # a settled sample is returned where it settled
     return s._replace(
-        best_z=jnp.where(improved[:, None], s.z, s.best_z),
-        best_abs=jnp.where(improved, abs_res, s.best_abs),
-        best_rel=jnp.where(improved, rel_res, s.best_rel),
+        best_z=jnp.where(take[:, None], s.z, s.best_z),
+        best_abs=jnp.where(take, abs_res, s.best_abs),
+        best_rel=jnp.where(take, rel_res, s.best_rel),
         nstep=jnp.where(s.active, s.k, s.nstep),
-        active=s.active & ~converged_now & ~diverged_now,
+        active=s.active & ~converged_now & ~diverged_now & ~settled_now,
         diverged=s.diverged | diverged_now,
         trace=jax.lax.dynamic_update_index_in_dim(s.trace, res, s.k - 1, axis=1),
+        read=read,
+        same=same,
+        settled=s.settled | settled_now,
     )
 
 
-def _init(solver: Solver, fn: Callable[[jax.Array], jax.Array], z0: jax.Array) -> LoopState:
+def _init(
+    solver: Solver, fn: Callable[[jax.Array], jax.Array], z0: jax.Array, settle: Settle | None
+) -> LoopState:
     batch = z0.shape[0]
     inf = jnp.full((batch,), jnp.inf, z0.dtype)
     s = LoopState(
@@ -81,13 +125,18 @@ def _init(solver: Solver, fn: Callable[[jax.Array], jax.Array], z0: jax.Array) -
         active=jnp.ones((batch,), bool),
         diverged=jnp.zeros((batch,), bool),
         trace=jnp.zeros((batch, solver.max_iter), z0.dtype),
+        read=(),
+        same=jnp.zeros((batch,), jnp.int32),
+        settled=jnp.zeros((batch,), bool),
     )
-    return _observe(solver, s)
+    return _observe(solver, s, settle, first=True)
 
 
-def _step(solver: Solver, fn: Callable[[jax.Array], jax.Array], s: LoopState) -> LoopState:
+def _step(
+    solver: Solver, fn: Callable[[jax.Array], jax.Array], settle: Settle | None, s: LoopState
+) -> LoopState:
     z, aux = solver.propose(s.aux, s.z, s.fz, s.k)
-    return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fn(z), aux=aux))
+    return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fn(z), aux=aux), settle)
 
 
 def _keep_going(solver: Solver, s: LoopState) -> jax.Array:
@@ -101,7 +150,7 @@ def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
         nstep=s.nstep,
         abs_residual=s.best_abs,
         rel_residual=s.best_rel,
-        converged=best <= solver.tol,
+        converged=(best <= solver.tol) | s.settled,
         diverged=s.diverged,
         trace=jnp.where(taken, s.trace, best[:, None]),
     )
@@ -113,6 +162,9 @@ def iterate(
     fn: Callable[[jax.Array], jax.Array],
     z0: jax.Array,
     loop: str = "while",
+    *,
+    readout: Callable[[jax.Array], Any] | None = None,
+    patience: int = 2,
 ) -> tuple[jax.Array, SolverStats]:
     """Runs ``solver`` on ``fn`` from ``z0 [B, D]``; returns ``(z_best [B, D], stats)``.
 
@@ -122,22 +174,37 @@ def iterate(
         ``b`` of the input (samples are independent problems).
       z0: the initial iterate.
       loop: ``"while"``, ``"scan"`` or ``"python"`` (see the module docstring).
+      readout: optional ``[B, D] ->`` pytree of arrays with the batch axis first; a
+        sample also stops once its readout has not changed for ``patience``
+        evaluations in a row (see the module docstring). Its ``converged`` is then
+        true and its returned iterate is the one it stopped on.
+      patience: evaluations with an unchanged readout that stop a sample (``>= 1``).
+
+    Raises:
+      ValueError: for a ``z0`` that is not ``[B, D]``, an unknown loop or a
+        ``patience`` below 1 with a readout.
     """
     if z0.ndim != 2:
         raise ValueError(f"iterate() expects a [B, D] array, got shape {z0.shape}.")
-    s = _init(solver, fn, z0)
+    settle = None
+    if readout is not None:
+        if not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience must be an integer >= 1, got {patience!r}.")
+        settle = Settle(readout, patience)
+    s = _init(solver, fn, z0, settle)
+    step = lambda s: _step(solver, fn, settle, s)
     if loop == "while":
-        s = jax.lax.while_loop(lambda s: _keep_going(solver, s), lambda s: _step(solver, fn, s), s)
+        s = jax.lax.while_loop(lambda s: _keep_going(solver, s), step, s)
     elif loop == "scan":
 
         def scan_body(s, _):
-            s = jax.lax.cond(_keep_going(solver, s), lambda s: _step(solver, fn, s), lambda s: s, s)
+            s = jax.lax.cond(_keep_going(solver, s), step, lambda s: s, s)
             return s, None
 
         s, _ = jax.lax.scan(scan_body, s, None, length=solver.max_iter - 1)
     elif loop == "python":
         while bool(_keep_going(solver, s)):
-            s = _step(solver, fn, s)
+            s = step(s)
     else:
         raise ValueError(f"Unknown loop {loop!r}. Valid loops: {', '.join(LOOPS)}.")
     return _finish(solver, s)

@@ -51,12 +51,27 @@ class Evaluator:
       mesh: the data-parallel mesh.
       batch_size: the global eval batch size (a multiple of the device count).
       max_batches: evaluate at most this many batches per split (0: all).
+      settle_patience: if ``> 0``, a sample's solve also stops once the model's decoded
+        answer has not changed for this many steps (`steps.make_eval_step`).
     """
 
-    def __init__(self, model: Any, task: Any, mesh: Mesh, batch_size: int, max_batches: int = 0):
+    def __init__(
+        self,
+        model: Any,
+        task: Any,
+        mesh: Mesh,
+        batch_size: int,
+        max_batches: int = 0,
+        settle_patience: int = 0,
+    ):
         sharding.check_batch_size(batch_size, mesh, "eval.batch_size")
+        if not isinstance(settle_patience, int) or settle_patience < 0:
+            raise ValueError(
+                f"eval.settle_patience must be an integer >= 0, got {settle_patience!r}."
+            )
         self.model, self.task, self.mesh = model, task, mesh
         self.batch_size, self.max_batches = batch_size, max_batches
+        self.settle_patience = settle_patience
         self._steps: dict[int | None, Callable[..., Any]] = {}
 
     def _step(self, max_iter: int | None) -> Callable[..., Any]:
@@ -70,6 +85,7 @@ class Evaluator:
                 max_iter,
                 regression=steps.is_regression(self.task),
                 extras=tuple(getattr(self.task, "batch_extras", ())),
+                settle_patience=self.settle_patience,
             )
         return self._steps[max_iter]
 
@@ -188,7 +204,13 @@ def evaluate_checkpoint(
         max_iters = [
             int(round(m * config.model.train_max_iter)) for m in config.eval.budget_multipliers
         ]
-    evaluator = Evaluator(run.model, run.task, run.mesh, config.eval.batch_size)
+    evaluator = Evaluator(
+        run.model,
+        run.task,
+        run.mesh,
+        config.eval.batch_size,
+        settle_patience=config.eval.get("settle_patience", 0),
+    )
     report = length_report(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}
     )

@@ -355,6 +355,7 @@ def make_eval_step(
     *,
     regression: bool = False,
     extras: tuple[str, ...] = (),
+    settle_patience: int = 0,
 ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
     """Builds ``eval_step(state, batch) -> metrics`` at the solver budget ``max_iter``.
 
@@ -365,24 +366,34 @@ def make_eval_step(
       max_iter: the solver budget; ``None`` keeps the model's eval budget.
       regression: mean squared error instead of cross-entropy as ``loss``.
       extras: batch keys handed to the model and the metrics as keywords.
+      settle_patience: if ``> 0``, each sample's solve also stops once the model's
+        decoded answer (the argmax of its outputs) has not changed for this many
+        evaluations (`deq_jax.analysis.settled_apply`); 0 stops on the residual only.
+        A model without a `deq_jax.nn.DEQ` is evaluated as usual.
 
     Returns:
       The jitted step. ``metrics`` holds ``loss``, the task's metrics, the solver
       metrics and ``count`` (real examples in the batch), for `combine`.
     """
     loss_of = regression_loss if regression else classification_loss
+    if settle_patience and regression:
+        raise ValueError(
+            "eval.settle_patience stops a solve when the argmax of the outputs settles; "
+            "a regression task has no discrete answer (set it to 0)."
+        )
 
     def eval_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
         extra = {k: batch[k] for k in extras}
-        outputs, stats = model.apply(
-            state.variables(),
-            inputs,
-            train=False,
-            max_iter=max_iter,
-            rngs=state.step_rngs(*RNG_STREAMS),
-            **extra,
-        )
+        call = dict(max_iter=max_iter, rngs=state.step_rngs(*RNG_STREAMS), **extra)
+        if settle_patience:
+            from deq_jax.analysis import settled_apply
+
+            outputs, stats = settled_apply(
+                model, state.variables(), inputs, patience=settle_patience, strict=False, **call
+            )
+        else:
+            outputs, stats = model.apply(state.variables(), inputs, train=False, **call)
         metrics = {"loss": loss_of(outputs, targets, mask)}
         metrics.update(_task_metrics(metrics_fn, outputs, targets, mask, extra))
         metrics.update(solver_metrics(stats, mask))

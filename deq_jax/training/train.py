@@ -180,7 +180,12 @@ def train_and_evaluate(
             model, mesh, regularizer.spectral_iters, extras=task.batch_extras
         )
         evaluator = evaluate.Evaluator(
-            model, task, mesh, config.eval.batch_size, max_batches=config.eval.max_batches
+            model,
+            task,
+            mesh,
+            config.eval.batch_size,
+            max_batches=config.eval.max_batches,
+            settle_patience=config.eval.get("settle_patience", 0),
         )
         return train_step, spectral_step, evaluator
 
