@@ -28,7 +28,8 @@ Sections:
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget. ``settle_patience > 0`` also stops
     each sample's eval solve once the model's decoded answer has not changed for that
-    many steps (`deq_jax.analysis.settled_apply`); 0 stops on the residual only.
+    many steps (`deq_jax.analysis.settled_apply`), with the residual tolerance
+    ``settle_tol`` (0: the solver's); 0 stops on the residual only.
   regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
     (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
@@ -181,6 +182,7 @@ def get_config() -> ConfigDict:
             max_batches=0,
             budget_multipliers=(1, 2, 4),
             settle_patience=0,
+            settle_tol=0.0,
         )
     )
 

@@ -38,10 +38,11 @@ OUTPUT = "clrs_diagnostics"  # .json and .png
 MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 
 
-def predictor(run: Any, settle_patience: int = 0) -> Callable[[Any, dict], Any]:
+def predictor(run: Any, settle: Any = None) -> Callable[[Any, dict], Any]:
     """The jitted ``(variables, batch) -> parents`` (or Kruskal's 0/1 edge mask) of the
-    run's model at its eval budget, stopping as its evaluation does (``settle_patience``,
-    the config's ``eval.settle_patience``: `deq_jax.analysis.settled_apply`)."""
+    run's model at its eval budget, stopping as its evaluation does (``settle``, a
+    `deq_jax.training.steps.SettleRule`, e.g. from the config's ``eval`` section:
+    `deq_jax.analysis.settled_apply`; ``None``: the residual test only)."""
     import jax
 
     from deq_jax.analysis import settled_apply
@@ -51,9 +52,15 @@ def predictor(run: Any, settle_patience: int = 0) -> Callable[[Any, dict], Any]:
     @jax.jit
     def predict(variables, batch):
         kw = {k: batch[k] for k in extras}
-        if settle_patience:
+        if settle is not None and settle.patience:
             outputs, _ = settled_apply(
-                run.model, variables, batch["inputs"], patience=settle_patience, strict=False, **kw
+                run.model,
+                variables,
+                batch["inputs"],
+                patience=settle.patience,
+                tol=settle.tol or None,
+                strict=False,
+                **kw,
             )
         else:
             outputs, _ = run.model.apply(variables, batch["inputs"], train=False, **kw)
@@ -91,13 +98,14 @@ def diagnose_run(
     """
     from deq_jax.tasks.clrs import diagnostics
     from deq_jax.training import restore_trained
+    from deq_jax.training.steps import SettleRule
 
     if config.task.name != "clrs":
         raise ValueError(f"clrs_diagnose takes a CLRS run, not {config.task.name!r}.")
     run = restore_trained(config, workdir, "to diagnose")
     algorithm = config.task.algorithm
     # one jitted function: splits of one size share its compilation
-    predict = predictor(run, config.eval.get("settle_patience", 0))
+    predict = predictor(run, SettleRule.from_config(config.eval))
     report = {}
     for split in tuple(splits) or tuple(run.task.eval_splits):
         arrays = predictions(run, split, config.eval.batch_size, predict)

@@ -147,13 +147,14 @@ def split_score(metrics: dict[str, float]) -> float:
 def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
     """Score and processor steps of every eval split at the model's eval budget."""
     from deq_jax.training import evaluate
+    from deq_jax.training.steps import SettleRule
 
     evaluator = evaluate.Evaluator(
         run.model,
         run.task,
         run.mesh,
         config.eval.batch_size,
-        settle_patience=config.eval.get("settle_patience", 0),
+        settle=SettleRule.from_config(config.eval),
     )
     out = {}
     for split, metrics in evaluator.evaluate_splits(run.state, run.task.eval_splits).items():

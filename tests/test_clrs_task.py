@@ -298,6 +298,7 @@ def test_configs_are_documented(algorithm):
     assert config.task.weight_power == (4.0 if algorithm == "mst_prim" else 1.0)
     # The eval solve also stops once the answer settles (3 steps; Prim's pauses: 6).
     assert config.eval.settle_patience == (6 if algorithm == "mst_prim" else 3)
+    assert config.eval.settle_tol == 1e-6  # ... and the answer, not the residual, decides
     tasks.get(**{**config.task.to_dict(), "data_dir": ""})  # the task accepts the section
     large = module.get_config("large")  # Bellman-Ford's goal recipe: 98.3 / 99.0 at 64
     assert (large.model.hidden, large.train.steps) == (128, 6000)

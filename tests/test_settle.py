@@ -184,7 +184,7 @@ def test_settled_apply_needs_a_deq():
 def test_evaluator_with_settle_patience(tmp_path):
     """The eval step's answer stop: fewer steps than the residual stop, the same
     metrics with a patience longer than the budget, and clear errors."""
-    from deq_jax.training import Evaluator, make_eval_step, setup
+    from deq_jax.training import Evaluator, SettleRule, make_eval_step, setup
 
     config = prefix_sum.get_config("smoke")
     config.solver.tol = 1e-6  # the residual stop alone runs to the budget
@@ -192,7 +192,7 @@ def test_evaluator_with_settle_patience(tmp_path):
     run.checkpointer.close()
     split = run.task.eval_splits[0]
     evaluate = lambda p: Evaluator(
-        run.model, run.task, run.mesh, config.eval.batch_size, settle_patience=p
+        run.model, run.task, run.mesh, config.eval.batch_size, settle=SettleRule(p)
     ).evaluate(run.state, split, max_iter=BUDGET)
     plain, settled, patient = evaluate(0), evaluate(1), evaluate(BUDGET)
     assert settled.keys() == plain.keys()
@@ -201,13 +201,15 @@ def test_evaluator_with_settle_patience(tmp_path):
     for key in ("loss", "nstep_mean", "nstep_max"):
         assert patient[key] == pytest.approx(plain[key], rel=1e-5)
     with pytest.raises(ValueError, match="settle_patience must be an integer >= 0"):
-        Evaluator(run.model, run.task, run.mesh, config.eval.batch_size, settle_patience=-1)
+        SettleRule(-1)
+    with pytest.raises(ValueError, match="settle_tol must be >= 0"):
+        SettleRule.from_config({"settle_patience": 2, "settle_tol": -1.0})
     with pytest.raises(ValueError, match="no discrete answer"):
-        make_eval_step(run.model, run.task.metrics, run.mesh, regression=True, settle_patience=2)
+        make_eval_step(run.model, run.task.metrics, run.mesh, regression=True, settle=SettleRule(2))
 
 
 def test_training_evaluates_with_the_configured_patience(tmp_path):
-    from deq_jax.training import Evaluator, restore_trained, train_and_evaluate
+    from deq_jax.training import Evaluator, SettleRule, restore_trained, train_and_evaluate
 
     config = prefix_sum.get_config("smoke")
     config.solver.tol = 1e-6
@@ -218,7 +220,7 @@ def test_training_evaluates_with_the_configured_patience(tmp_path):
     budget = config.model.train_max_iter
     for patience in (0, 1):
         metrics = Evaluator(
-            run.model, run.task, run.mesh, config.eval.batch_size, settle_patience=patience
+            run.model, run.task, run.mesh, config.eval.batch_size, settle=SettleRule(patience)
         ).evaluate(run.state, split, max_iter=budget)
         same = metrics["nstep_mean"] == pytest.approx(result.report["1x"][split]["nstep_mean"])
         assert same == (patience == 1)

@@ -18,7 +18,14 @@ _SCRIPT = """
 import json, sys
 import jax
 from configs import prefix_sum
-from deq_jax.training import Evaluator, restore_trained, setup, train_and_evaluate, writers
+from deq_jax.training import (
+    Evaluator,
+    SettleRule,
+    restore_trained,
+    setup,
+    train_and_evaluate,
+    writers,
+)
 
 workdir, data_dir = sys.argv[1], sys.argv[2]
 config = prefix_sum.get_config("smoke")
@@ -32,7 +39,7 @@ train_and_evaluate(config, workdir, emit=lambda line: None)
 losses = [r["loss"] for r in writers.read_metrics(workdir) if r["split"] == "train"]
 run = restore_trained(config, workdir, "to evaluate")  # the answer stop, sharded
 settled = Evaluator(
-    run.model, run.task, run.mesh, config.eval.batch_size, settle_patience=1
+    run.model, run.task, run.mesh, config.eval.batch_size, settle=SettleRule(1)
 ).evaluate(run.state, run.task.eval_splits[0])
 settled = [settled[k] for k in ("loss", "nstep_mean", "nstep_max", "converged")]
 config.train.batch_size = 12

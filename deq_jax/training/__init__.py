@@ -23,6 +23,7 @@ from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import Run, restore_trained, setup
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import (
+    SettleRule,
     classification_loss,
     make_eval_step,
     make_spectral_step,
@@ -43,6 +44,7 @@ __all__ = [
     "ProgressLogger",
     "Run",
     "RunResult",
+    "SettleRule",
     "TrainState",
     "build",
     "classification_loss",

@@ -51,8 +51,8 @@ class Evaluator:
       mesh: the data-parallel mesh.
       batch_size: the global eval batch size (a multiple of the device count).
       max_batches: evaluate at most this many batches per split (0: all).
-      settle_patience: if ``> 0``, a sample's solve also stops once the model's decoded
-        answer has not changed for this many steps (`steps.make_eval_step`).
+      settle: when a sample's solve also stops on its decoded answer
+        (`steps.SettleRule`; ``None``: never).
     """
 
     def __init__(
@@ -62,16 +62,12 @@ class Evaluator:
         mesh: Mesh,
         batch_size: int,
         max_batches: int = 0,
-        settle_patience: int = 0,
+        settle: steps.SettleRule | None = None,
     ):
         sharding.check_batch_size(batch_size, mesh, "eval.batch_size")
-        if not isinstance(settle_patience, int) or settle_patience < 0:
-            raise ValueError(
-                f"eval.settle_patience must be an integer >= 0, got {settle_patience!r}."
-            )
         self.model, self.task, self.mesh = model, task, mesh
         self.batch_size, self.max_batches = batch_size, max_batches
-        self.settle_patience = settle_patience
+        self.settle = settle or steps.SettleRule()
         self._steps: dict[int | None, Callable[..., Any]] = {}
 
     def _step(self, max_iter: int | None) -> Callable[..., Any]:
@@ -85,7 +81,7 @@ class Evaluator:
                 max_iter,
                 regression=steps.is_regression(self.task),
                 extras=tuple(getattr(self.task, "batch_extras", ())),
-                settle_patience=self.settle_patience,
+                settle=self.settle,
             )
         return self._steps[max_iter]
 
@@ -209,7 +205,7 @@ def evaluate_checkpoint(
         run.task,
         run.mesh,
         config.eval.batch_size,
-        settle_patience=config.eval.get("settle_patience", 0),
+        settle=steps.SettleRule.from_config(config.eval),
     )
     report = length_report(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}

@@ -23,6 +23,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -347,6 +348,34 @@ def make_spectral_step(
     return jax.jit(spectral_step, in_shardings=(repl, data), out_shardings=repl)
 
 
+@dataclasses.dataclass(frozen=True)
+class SettleRule:
+    """When an eval solve also stops: once the model's decoded answer (the argmax of
+    its outputs) has not changed for ``patience`` steps (0: never; the residual test
+    only), with the residual tolerance ``tol`` (0: the solver's own).
+    `deq_jax.analysis.settled_apply` runs it; `from_config` reads a config's ``eval``.
+
+    Raises:
+      ValueError: for a negative or non-integer patience, or a negative tolerance.
+    """
+
+    patience: int = 0
+    tol: float = 0.0
+
+    def __post_init__(self):
+        if not isinstance(self.patience, int) or self.patience < 0:
+            raise ValueError(
+                f"eval.settle_patience must be an integer >= 0, got {self.patience!r}."
+            )
+        if not self.tol >= 0:
+            raise ValueError(f"eval.settle_tol must be >= 0 (0: the solver's), got {self.tol!r}.")
+
+    @classmethod
+    def from_config(cls, eval_config: Any) -> SettleRule:
+        """From ``eval.settle_patience`` and ``eval.settle_tol`` (both optional)."""
+        return cls(eval_config.get("settle_patience", 0), eval_config.get("settle_tol", 0.0))
+
+
 def make_eval_step(
     model: Any,
     metrics_fn: TaskMetrics,
@@ -355,7 +384,7 @@ def make_eval_step(
     *,
     regression: bool = False,
     extras: tuple[str, ...] = (),
-    settle_patience: int = 0,
+    settle: SettleRule | None = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], dict[str, jax.Array]]:
     """Builds ``eval_step(state, batch) -> metrics`` at the solver budget ``max_iter``.
 
@@ -366,17 +395,18 @@ def make_eval_step(
       max_iter: the solver budget; ``None`` keeps the model's eval budget.
       regression: mean squared error instead of cross-entropy as ``loss``.
       extras: batch keys handed to the model and the metrics as keywords.
-      settle_patience: if ``> 0``, each sample's solve also stops once the model's
-        decoded answer (the argmax of its outputs) has not changed for this many
-        evaluations (`deq_jax.analysis.settled_apply`); 0 stops on the residual only.
-        A model without a `deq_jax.nn.DEQ` is evaluated as usual.
+      settle: with ``settle.patience > 0`` (``None``: 0), each sample's solve also stops once the
+        model's decoded answer (the argmax of its outputs) has not changed for that
+        many evaluations (`SettleRule`, `deq_jax.analysis.settled_apply`). A model
+        without a `deq_jax.nn.DEQ` is evaluated as usual.
 
     Returns:
       The jitted step. ``metrics`` holds ``loss``, the task's metrics, the solver
       metrics and ``count`` (real examples in the batch), for `combine`.
     """
     loss_of = regression_loss if regression else classification_loss
-    if settle_patience and regression:
+    settle = settle or SettleRule()
+    if settle.patience and regression:
         raise ValueError(
             "eval.settle_patience stops a solve when the argmax of the outputs settles; "
             "a regression task has no discrete answer (set it to 0)."
@@ -386,11 +416,17 @@ def make_eval_step(
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
         extra = {k: batch[k] for k in extras}
         call = dict(max_iter=max_iter, rngs=state.step_rngs(*RNG_STREAMS), **extra)
-        if settle_patience:
+        if settle.patience:
             from deq_jax.analysis import settled_apply
 
             outputs, stats = settled_apply(
-                model, state.variables(), inputs, patience=settle_patience, strict=False, **call
+                model,
+                state.variables(),
+                inputs,
+                patience=settle.patience,
+                tol=settle.tol or None,
+                strict=False,
+                **call,
             )
         else:
             outputs, stats = model.apply(state.variables(), inputs, train=False, **call)

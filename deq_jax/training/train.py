@@ -39,7 +39,12 @@ from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import setup
 from deq_jax.training.state import TrainState
-from deq_jax.training.steps import is_regression, make_spectral_step, make_train_step
+from deq_jax.training.steps import (
+    SettleRule,
+    is_regression,
+    make_spectral_step,
+    make_train_step,
+)
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 
@@ -185,7 +190,7 @@ def train_and_evaluate(
             mesh,
             config.eval.batch_size,
             max_batches=config.eval.max_batches,
-            settle_patience=config.eval.get("settle_patience", 0),
+            settle=SettleRule.from_config(config.eval),
         )
         return train_step, spectral_step, evaluator
 
