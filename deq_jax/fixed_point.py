@@ -13,6 +13,7 @@ from deq_jax import _flat
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.solvers.base import Solution, Solver
+from deq_jax.solvers.loop import iterate
 
 
 def _check_output(f: Callable[..., Any], z0: Any, args: Any) -> None:
@@ -22,6 +23,19 @@ def _check_output(f: Callable[..., Any], z0: Any, args: Any) -> None:
             "f(z, args) must return a pytree with the structure, shapes and dtypes of z0; "
             f"z0 is {_flat.describe(z0)} but f(z0, args) is {_flat.describe(out)}."
         )
+
+
+def _flat_start(
+    f: Callable[..., Any], z0: Any, args: Any, solver: Any, batched: bool | None
+) -> tuple[_flat.Layout, jax.Array]:
+    """Checks a solve's pieces; the state's layout and its flat, detached ``[B, D]`` start."""
+    if not isinstance(solver, Solver):
+        raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
+    _check_output(f, z0, args)
+    if batched is None:
+        batched = _flat.infer_batched(z0)
+    layout = _flat.layout_of(z0, batched)
+    return layout, jax.lax.stop_gradient(_flat.flatten(z0, layout))
 
 
 def fixed_point(
@@ -61,17 +75,11 @@ def fixed_point(
     References:
       Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
     """
-    if not isinstance(solver, Solver):
-        raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
     if backward is None:
         backward = ift()
     elif not isinstance(backward, Backward):
         raise TypeError(f"backward must be a deq_jax backward mode, got {backward!r}.")
-    _check_output(f, z0, args)
-    if batched is None:
-        batched = _flat.infer_batched(z0)
-    layout = _flat.layout_of(z0, batched)
-    z0_flat = jax.lax.stop_gradient(_flat.flatten(z0, layout))
+    layout, z0_flat = _flat_start(f, z0, args, solver, batched)
 
     def fn(z_flat, a):
         return _flat.flatten(f(_flat.unflatten(z_flat, layout), a), layout)
@@ -131,15 +139,8 @@ def solve_until_settled(
     Raises:
       ValueError: as `fixed_point`, or for a ``patience`` below 1.
     """
-    from deq_jax.solvers.loop import iterate
-
-    if not isinstance(solver, Solver):
-        raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
-    _check_output(f, z0, args)
-    if batched is None:
-        batched = _flat.infer_batched(z0)
-    layout = _flat.layout_of(z0, batched)
-    z0_flat = jax.lax.stop_gradient(_flat.flatten(z0, layout))
+    layout, z0_flat = _flat_start(f, z0, args, solver, batched)
+    batched = layout.batched
     args = jax.tree_util.tree_map(_detach, args)  # forward only
     fn = lambda z: _flat.flatten(f(_flat.unflatten(z, layout), args), layout)
     read = lambda z: readout(_flat.unflatten(z, layout))
