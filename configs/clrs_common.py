@@ -48,7 +48,7 @@ Sizes: hidden 64, 2000 steps of batch 32, chosen to finish in well under an hour
 2-core CPU per run; the paper-scale CLRS runs use hidden 128 and 10 000 or more steps
 (``--config.model.hidden=128 --config.train.steps=10000``). The ``large`` variant
 (``configs/clrs_<algorithm>.py:large``) has hidden 128 and 6,000 steps: Bellman-Ford's
-deq mode scores 98.3 / 99.0 at 64 nodes with it (train seeds 0, 1; 95.6 with the
+deq mode scores 98.3 / 99.0 at 64 nodes with it (train seeds 0, 1; 95.8 with the
 default size), in about two hours on two CPU cores.
 
 References:

@@ -25,11 +25,14 @@ A run of `launch.clrs_report` lives in ``{report workdir}/<algorithm>/<mode>``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from launch import main as launch_main
+
+if TYPE_CHECKING:
+    from deq_jax.training import SettleRule
 
 launch_main.define_splits_flag()
 
@@ -38,32 +41,22 @@ OUTPUT = "clrs_diagnostics"  # .json and .png
 MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 
 
-def predictor(run: Any, settle: Any = None) -> Callable[[Any, dict], Any]:
+def predictor(run: Any, settle: SettleRule | None = None) -> Callable[[Any, dict], Any]:
     """The jitted ``(variables, batch) -> parents`` (or Kruskal's 0/1 edge mask) of the
     run's model at its eval budget, stopping as its evaluation does (``settle``, a
     `deq_jax.training.steps.SettleRule`, e.g. from the config's ``eval`` section:
     `deq_jax.analysis.settled_apply`; ``None``: the residual test only)."""
     import jax
 
-    from deq_jax.analysis import settled_apply
+    from deq_jax.training import SettleRule
 
     extras = tuple(run.task.batch_extras)
+    settle = settle or SettleRule()
 
     @jax.jit
     def predict(variables, batch):
         kw = {k: batch[k] for k in extras}
-        if settle is not None and settle.patience:
-            outputs, _ = settled_apply(
-                run.model,
-                variables,
-                batch["inputs"],
-                patience=settle.patience,
-                tol=settle.tol or None,
-                strict=False,
-                **kw,
-            )
-        else:
-            outputs, _ = run.model.apply(variables, batch["inputs"], train=False, **kw)
+        outputs, _ = settle.apply(run.model, variables, batch["inputs"], **kw)
         return outputs.argmax(-1)
 
     return predict
@@ -97,8 +90,7 @@ def diagnose_run(
       ValueError: for a task other than CLRS.
     """
     from deq_jax.tasks.clrs import diagnostics
-    from deq_jax.training import restore_trained
-    from deq_jax.training.steps import SettleRule
+    from deq_jax.training import SettleRule, restore_trained
 
     if config.task.name != "clrs":
         raise ValueError(f"clrs_diagnose takes a CLRS run, not {config.task.name!r}.")

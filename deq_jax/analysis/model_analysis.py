@@ -55,6 +55,39 @@ class DEQCall(NamedTuple):
     problem: EquilibriumProblem
 
 
+def _apply_with_first_deq(
+    model: nn.Module,
+    variables: Any,
+    inputs: Any,
+    on_deq: Callable[..., Any],
+    *,
+    strict: bool = True,
+    **apply_kwargs: Any,
+) -> Any:
+    """``model.apply(variables, inputs, train=False, **apply_kwargs)`` with the call of its
+    first `DEQ` replaced by ``on_deq(next_fun, x, z0, kwargs, deq)`` (``next_fun`` runs
+    the DEQ as usual; later DEQ calls, e.g. from ``on_deq`` itself, run as usual).
+
+    Raises:
+      ValueError: if ``strict`` and the model called no `DEQ`.
+    """
+    seen: list[bool] = []
+
+    def interceptor(next_fun, args, kwargs, context):
+        if seen or not isinstance(context.module, DEQ) or context.method_name != "__call__":
+            return next_fun(*args, **kwargs)
+        seen.append(True)
+        kwargs = dict(kwargs)
+        x, start = args[0], (args[1] if len(args) > 1 else kwargs.pop("z0", None))
+        return on_deq(next_fun, x, start, kwargs, context.module)
+
+    with nn.intercept_methods(interceptor):
+        result = model.apply(variables, inputs, train=False, **apply_kwargs)
+    if strict and not seen:
+        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
+    return result
+
+
 def deq_call(
     model: nn.Module,
     variables: Any,
@@ -84,26 +117,17 @@ def deq_call(
     """
     seen: list[tuple[EquilibriumProblem, Any]] = []
 
-    def interceptor(next_fun, args, kwargs, context):
-        if seen or not isinstance(context.module, DEQ) or context.method_name != "__call__":
-            return next_fun(*args, **kwargs)
-        kwargs = dict(kwargs)
-        x, start = args[0], (args[1] if len(args) > 1 else kwargs.pop("z0", None))
+    def on_deq(next_fun, x, start, kwargs, deq):
         if z0 is not None:
             start = z0
         if max_iter is not None:
             kwargs["max_iter"] = max_iter
-        problem = context.module.problem(
-            x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter")
-        )
+        problem = deq.problem(x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter"))
         out = next_fun(x, problem.z0, **kwargs)
         seen.append((problem, out))
         return out
 
-    with nn.intercept_methods(interceptor):
-        outputs, _ = model.apply(variables, inputs, train=False, rngs=rngs, **model_kwargs)
-    if not seen:
-        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
+    outputs, _ = _apply_with_first_deq(model, variables, inputs, on_deq, rngs=rngs, **model_kwargs)
     problem, (z_star, stats) = seen[0]
     return DEQCall(outputs, z_star, stats, problem)
 
@@ -121,20 +145,12 @@ def outputs_at(
     Raises:
       ValueError: if the model called no `DEQ`, or ``z_star`` does not fit its cell.
     """
-    seen: list[bool] = []
 
-    def interceptor(next_fun, args, kwargs, context):
-        deq = isinstance(context.module, DEQ) and context.method_name == "__call__"
-        if seen or not deq:
-            return next_fun(*args, **kwargs)
-        seen.append(True)
-        z = context.module.initial_state(args[0], z_star)
+    def on_deq(next_fun, x, start, kwargs, deq):
+        z = deq.initial_state(x, z_star)
         return z, _placeholder_stats(z)
 
-    with nn.intercept_methods(interceptor):
-        outputs, _ = model.apply(variables, inputs, train=False, **model_kwargs)
-    if not seen:
-        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
+    outputs, _ = _apply_with_first_deq(model, variables, inputs, on_deq, **model_kwargs)
     return outputs
 
 
@@ -254,8 +270,8 @@ def settled_apply(
     out at the current iterate (`outputs_at`), has been the same for ``patience``
     evaluations in a row, or when the residual passes the solver's ``tol``, whichever
     comes first (`deq_jax.fixed_point.solve_until_settled`). The model then decodes the
-    state it stopped at. Each step costs one more evaluation of the model's readout (the
-    input projection, one cell call, the decoder). Forward only.
+    state it stopped at. Each step also runs the model's readout at the iterate (the
+    input projection and the decoder; `outputs_at` skips the DEQ). Forward only.
 
     Args:
       model: a linen model whose ``apply(variables, inputs, train=False, ...)`` returns
@@ -282,38 +298,21 @@ def settled_apply(
       ValueError: if ``strict`` and the model called no `DEQ`, or for a ``patience``
         below 1.
     """
-    solving: list[bool] = []  # set while the solve runs: the readout's own calls pass
-    solved: list[bool] = []
 
     def readout(z):
         return answer(outputs_at(model, variables, inputs, z, **model_kwargs))
 
-    def interceptor(next_fun, args, kwargs, context):
-        deq = isinstance(context.module, DEQ) and context.method_name == "__call__"
-        if solving or solved or not deq:
-            return next_fun(*args, **kwargs)
-        solved.append(True)
-        x, start = args[0], (args[1] if len(args) > 1 else kwargs.get("z0"))
-        problem = context.module.problem(
-            x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter")
+    def on_deq(next_fun, x, start, kwargs, deq):
+        # the readout's own model calls pass: only the first DEQ call is handed here
+        problem = deq.problem(x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter"))
+        solver = problem.solver if tol is None else problem.solver.replace(tol=tol)
+        sol = solve_until_settled(
+            problem.f, problem.z0, problem.args, solver=solver, readout=readout, patience=patience
         )
-        solving.append(True)
-        try:
-            sol = solve_until_settled(
-                problem.f,
-                problem.z0,
-                problem.args,
-                solver=problem.solver if tol is None else problem.solver.replace(tol=tol),
-                readout=readout,
-                patience=patience,
-            )
-        finally:
-            solving.pop()
         return sol.value, sol.stats
 
     call_kwargs = dict(model_kwargs) if max_iter is None else dict(model_kwargs, max_iter=max_iter)
-    with nn.intercept_methods(interceptor):
-        outputs, stats = model.apply(variables, inputs, train=False, rngs=rngs, **call_kwargs)
-    if strict and not solved:
-        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
+    outputs, stats = _apply_with_first_deq(
+        model, variables, inputs, on_deq, strict=strict, rngs=rngs, **call_kwargs
+    )
     return outputs, stats

@@ -52,7 +52,6 @@ class LoopState(NamedTuple):
     trace: jax.Array  # [B, max_iter] stop-mode residual after each evaluation
     read: Any  # the readout of z (a pytree, batch axis first); () without a readout
     same: jax.Array  # [B] int32, evaluations in a row with an unchanged readout
-    settled: jax.Array  # [B] bool, stopped by the readout rule
 
 
 class Settle(NamedTuple):
@@ -90,9 +89,11 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
             unchanged = _same_rows(read, s.read)
             same = jnp.where(s.active, jnp.where(unchanged, s.same + 1, 0), s.same)
             settled_now = s.active & finite & ~converged_now & (same >= settle.patience)
-        # a stopped sample keeps the readout it stopped with
-        keep = lambda new, old: jnp.where(s.active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
-        read = read if first else jax.tree_util.tree_map(keep, read, s.read)
+            # a stopped sample keeps the readout it stopped with
+            keep = lambda new, old: jnp.where(
+                s.active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old
+            )
+            read = jax.tree_util.tree_map(keep, read, s.read)
     take = improved | settled_now  # a settled sample is returned where it settled
     return s._replace(
         best_z=jnp.where(take[:, None], s.z, s.best_z),
@@ -104,7 +105,6 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
         trace=jax.lax.dynamic_update_index_in_dim(s.trace, res, s.k - 1, axis=1),
         read=read,
         same=same,
-        settled=s.settled | settled_now,
     )
 
 
@@ -127,7 +127,6 @@ def _init(
         trace=jnp.zeros((batch, solver.max_iter), z0.dtype),
         read=(),
         same=jnp.zeros((batch,), jnp.int32),
-        settled=jnp.zeros((batch,), bool),
     )
     return _observe(solver, s, settle, first=True)
 
@@ -150,7 +149,9 @@ def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
         nstep=s.nstep,
         abs_residual=s.best_abs,
         rel_residual=s.best_rel,
-        converged=(best <= solver.tol) | s.settled,
+        # a sample stopped without diverging passed the residual test or settled; one
+        # still active ran out of budget
+        converged=~s.active & ~s.diverged,
         diverged=s.diverged,
         trace=jnp.where(taken, s.trace, best[:, None]),
     )

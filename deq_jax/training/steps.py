@@ -375,6 +375,24 @@ class SettleRule:
         """From ``eval.settle_patience`` and ``eval.settle_tol`` (both optional)."""
         return cls(eval_config.get("settle_patience", 0), eval_config.get("settle_tol", 0.0))
 
+    def apply(self, model: Any, variables: Any, inputs: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """``model.apply(variables, inputs, train=False, **kwargs)`` with this rule: through
+        `deq_jax.analysis.settled_apply` when ``patience > 0`` (a model that calls no
+        `deq_jax.nn.DEQ` is applied as usual)."""
+        if not self.patience:
+            return model.apply(variables, inputs, train=False, **kwargs)
+        from deq_jax.analysis import settled_apply
+
+        return settled_apply(
+            model,
+            variables,
+            inputs,
+            patience=self.patience,
+            tol=self.tol or None,
+            strict=False,
+            **kwargs,
+        )
+
 
 def make_eval_step(
     model: Any,
@@ -415,21 +433,14 @@ def make_eval_step(
     def eval_step(state: TrainState, batch: dict[str, jax.Array]):
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
         extra = {k: batch[k] for k in extras}
-        call = dict(max_iter=max_iter, rngs=state.step_rngs(*RNG_STREAMS), **extra)
-        if settle.patience:
-            from deq_jax.analysis import settled_apply
-
-            outputs, stats = settled_apply(
-                model,
-                state.variables(),
-                inputs,
-                patience=settle.patience,
-                tol=settle.tol or None,
-                strict=False,
-                **call,
-            )
-        else:
-            outputs, stats = model.apply(state.variables(), inputs, train=False, **call)
+        outputs, stats = settle.apply(
+            model,
+            state.variables(),
+            inputs,
+            max_iter=max_iter,
+            rngs=state.step_rngs(*RNG_STREAMS),
+            **extra,
+        )
         metrics = {"loss": loss_of(outputs, targets, mask)}
         metrics.update(_task_metrics(metrics_fn, outputs, targets, mask, extra))
         metrics.update(solver_metrics(stats, mask))
