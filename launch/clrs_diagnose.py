@@ -44,7 +44,7 @@ MIN_NODES_PLOTTED = 10  # a depth bin with fewer nodes is left out of the figure
 def predictor(run: Any, settle: SettleRule | None = None) -> Callable[[Any, dict], Any]:
     """The jitted ``(variables, batch) -> parents`` (or Kruskal's 0/1 edge mask) of the
     run's model at its eval budget, stopping as its evaluation does (``settle``, a
-    `deq_jax.training.steps.SettleRule`, e.g. from the config's ``eval`` section:
+    `deq_jax.training.SettleRule`, e.g. from the config's ``eval`` section:
     `deq_jax.analysis.settled_apply`; ``None``: the residual test only)."""
     import jax
 

@@ -146,8 +146,7 @@ def split_score(metrics: dict[str, float]) -> float:
 
 def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
     """Score and processor steps of every eval split at the model's eval budget."""
-    from deq_jax.training import evaluate
-    from deq_jax.training.steps import SettleRule
+    from deq_jax.training import SettleRule, evaluate
 
     evaluator = evaluate.Evaluator(
         run.model,

@@ -20,10 +20,10 @@ from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_rep
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import Run, restore_trained, setup
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import (
-    SettleRule,
     classification_loss,
     make_eval_step,
     make_spectral_step,

@@ -23,6 +23,7 @@ import jax
 from jax.sharding import Mesh
 
 from deq_jax.training import sharding, steps
+from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
 
@@ -52,7 +53,7 @@ class Evaluator:
       batch_size: the global eval batch size (a multiple of the device count).
       max_batches: evaluate at most this many batches per split (0: all).
       settle: when a sample's solve also stops on its decoded answer
-        (`steps.SettleRule`; ``None``: never).
+        (`SettleRule`; ``None``: never).
     """
 
     def __init__(
@@ -62,12 +63,12 @@ class Evaluator:
         mesh: Mesh,
         batch_size: int,
         max_batches: int = 0,
-        settle: steps.SettleRule | None = None,
+        settle: SettleRule | None = None,
     ):
         sharding.check_batch_size(batch_size, mesh, "eval.batch_size")
         self.model, self.task, self.mesh = model, task, mesh
         self.batch_size, self.max_batches = batch_size, max_batches
-        self.settle = settle or steps.SettleRule()
+        self.settle = settle or SettleRule()
         self._steps: dict[int | None, Callable[..., Any]] = {}
 
     def _step(self, max_iter: int | None) -> Callable[..., Any]:
@@ -205,7 +206,7 @@ def evaluate_checkpoint(
         run.task,
         run.mesh,
         config.eval.batch_size,
-        settle=steps.SettleRule.from_config(config.eval),
+        settle=SettleRule.from_config(config.eval),
     )
     report = length_report(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}

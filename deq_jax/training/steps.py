@@ -23,7 +23,6 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +37,7 @@ from deq_jax.solvers.base import SolverStats
 from deq_jax.training import sharding
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.settle import SettleRule
 from deq_jax.training.state import TrainState
 
 # Metrics a task computes from (outputs, targets, mask); e.g. `PrefixSumTask.metrics`.
@@ -346,52 +346,6 @@ def make_spectral_step(
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
     return jax.jit(spectral_step, in_shardings=(repl, data), out_shardings=repl)
-
-
-@dataclasses.dataclass(frozen=True)
-class SettleRule:
-    """When an eval solve also stops: once the model's decoded answer (the argmax of
-    its outputs) has not changed for ``patience`` steps (0: never; the residual test
-    only), with the residual tolerance ``tol`` (0: the solver's own).
-    `deq_jax.analysis.settled_apply` runs it; `from_config` reads a config's ``eval``.
-
-    Raises:
-      ValueError: for a negative or non-integer patience, or a negative tolerance.
-    """
-
-    patience: int = 0
-    tol: float = 0.0
-
-    def __post_init__(self):
-        if not isinstance(self.patience, int) or self.patience < 0:
-            raise ValueError(
-                f"eval.settle_patience must be an integer >= 0, got {self.patience!r}."
-            )
-        if not self.tol >= 0:
-            raise ValueError(f"eval.settle_tol must be >= 0 (0: the solver's), got {self.tol!r}.")
-
-    @classmethod
-    def from_config(cls, eval_config: Any) -> SettleRule:
-        """From ``eval.settle_patience`` and ``eval.settle_tol`` (both optional)."""
-        return cls(eval_config.get("settle_patience", 0), eval_config.get("settle_tol", 0.0))
-
-    def apply(self, model: Any, variables: Any, inputs: Any, **kwargs: Any) -> tuple[Any, Any]:
-        """``model.apply(variables, inputs, train=False, **kwargs)`` with this rule: through
-        `deq_jax.analysis.settled_apply` when ``patience > 0`` (a model that calls no
-        `deq_jax.nn.DEQ` is applied as usual)."""
-        if not self.patience:
-            return model.apply(variables, inputs, train=False, **kwargs)
-        from deq_jax.analysis import settled_apply
-
-        return settled_apply(
-            model,
-            variables,
-            inputs,
-            patience=self.patience,
-            tol=self.tol or None,
-            strict=False,
-            **kwargs,
-        )
 
 
 def make_eval_step(

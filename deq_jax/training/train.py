@@ -37,14 +37,10 @@ from deq_jax.training import evaluate
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import setup
 from deq_jax.training.state import TrainState
-from deq_jax.training.steps import (
-    SettleRule,
-    is_regression,
-    make_spectral_step,
-    make_train_step,
-)
+from deq_jax.training.steps import is_regression, make_spectral_step, make_train_step
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 
