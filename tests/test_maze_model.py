@@ -213,6 +213,8 @@ def test_smoke_config_runs_end_to_end(tmp_path):
     grid = config.task.train_maze_size + 2  # the (2n + 1)-point grid of an n-cell maze
     assert run.report["state_shape"] == [grid, grid, config.model.width]
     assert run.report["param_fraction"] > 0 and set(run.solvers) == {"hyper_anderson"}
+    steps = hyper.neural_solver.train_steps  # the fit reports its progress, ending at the last step
+    assert any(line.strip().startswith(f"fit step {steps}/{steps}") for line in lines)
     assert (
         mazes_hypersolver.get_config().neural_solver.max_iter
         == maze_config.get_config().model.eval_max_iter

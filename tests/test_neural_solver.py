@@ -249,6 +249,7 @@ def trained():
     batches = [batch(k) for k in jax.random.split(k_data, 4)]
     untrained = ns.init_neural_solver(k_solver, (D,), tol=1e-4, max_iter=60)
     h_phi = ns.make_initializer("vector", features=D)
+    progress = []
     result = ns.train_neural_solver(
         untrained,
         h_phi,
@@ -258,6 +259,8 @@ def trained():
         key=k_init,
         steps=8,
         optimizer=optax.adam(3e-3),
+        on_step=lambda step, loss: progress.append((step, loss)),
+        log_every=128,
     )
     return dict(
         model=model,
@@ -266,6 +269,7 @@ def trained():
         untrained=untrained,
         h_phi=h_phi,
         result=result,
+        progress=progress,
         test=batch(k_test),
     )
 
@@ -274,6 +278,10 @@ def test_training_reduces_loss(trained):
     losses = trained["result"].losses
     assert losses.shape == (300,) and np.all(np.isfinite(losses))
     assert losses[-20:].mean() < 0.5 * losses[:20].mean()
+    # on_step: every log_every steps and after the last, with that step's loss.
+    steps, reported = zip(*trained["progress"], strict=True)
+    assert steps == (128, 256, 300)
+    np.testing.assert_allclose(reported, losses[[127, 255, 299]], rtol=1e-6)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))  # the solver is hashable: a static arg

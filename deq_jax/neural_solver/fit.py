@@ -47,7 +47,10 @@ class NeuralSolverSpec:
       init_hidden: channels of a sequence initialiser's convolution (0: the state's).
       init_kernel_size: the initialiser's convolution width (sequences and images).
       tol, max_iter: the trained solver's stopping tolerance and default budget.
-      unroll_steps: ``K``, HyperAnderson steps unrolled in training.
+      unroll_steps: ``K``, HyperAnderson steps unrolled in training. Past ``K`` the
+        network meets iterates it was never trained on: let ``K`` cover the steps
+        where the task's answers are decided (20 for prefix sums and mazes: 1.75x and
+        1.7x fewer steps than Anderson, against 1.2x and 1.0x with ``K = 10``).
       train_steps: optimisation steps of a solver fit.
       batch_size: examples per training batch.
       target_batches: batches in the pool of known fixed points (cycled through).
@@ -197,6 +200,7 @@ def fit(
     alpha_mode: str = "learned",
     use_init: bool = True,
     start: SolverFit | None = None,
+    emit: Callable[[str], None] | None = None,
 ) -> SolverFit:
     """Trains a solver (and initialiser) for ``frozen``'s state on ``pool``.
 
@@ -208,6 +212,8 @@ def fit(
       alpha_mode: ``"learned"`` or ``"least_squares"`` (see `neural_solver`).
       use_init: train an initialiser (``False``: start at zero).
       start: a previous fit to continue (fine-tuning); its hyper-parameters win.
+      emit: receives a progress line (step, loss, elapsed time) about every tenth of
+        the fit; ``None``: silent.
 
     Returns:
       A `SolverFit`.
@@ -224,6 +230,10 @@ def fit(
     data = ((t.args, t.x, t.z_star) for t in itertools.cycle(pool))
     schedule = optax.cosine_decay_schedule(spec.learning_rate, num_steps, alpha=0.1)
     began = time.perf_counter()
+
+    def progress(step: int, loss: float) -> None:
+        emit(f"  fit step {step}/{num_steps}  loss {loss:.4g}  {time.perf_counter() - began:.0f} s")
+
     trained = train_neural_solver(
         solver,
         initializer,
@@ -237,6 +247,8 @@ def fit(
         l2=spec.l2,
         l3=spec.l3 if start is None else 0.0,
         init_params=init_params,
+        on_step=None if emit is None else progress,
+        log_every=max(1, num_steps // 10),
     )
     jax.block_until_ready(trained.solver.variables)
     seconds = time.perf_counter() - began

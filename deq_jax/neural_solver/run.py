@@ -165,7 +165,13 @@ def train_hypersolver(
     for name in names:
         alpha_mode, use_init = VARIANTS[name]
         fits[name] = fit(
-            spec, frozen, pool, num_steps=spec.train_steps, alpha_mode=alpha_mode, use_init=use_init
+            spec,
+            frozen,
+            pool,
+            num_steps=spec.train_steps,
+            alpha_mode=alpha_mode,
+            use_init=use_init,
+            emit=emit,
         )
         losses = fits[name].losses
         emit(

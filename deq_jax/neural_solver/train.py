@@ -52,6 +52,8 @@ def train_neural_solver(
     l2: float = 1.0,
     l3: float = 0.1,
     init_params: Any = None,
+    on_step: Callable[[int, float], None] | None = None,
+    log_every: int = 0,
 ) -> TrainedNeuralSolver:
     """Trains the solver's network and the initialiser on a frozen cell.
 
@@ -70,6 +72,9 @@ def train_neural_solver(
       l1, l2: weights of the convergence and initialisation terms.
       l3: starting weight of the ``||G alpha||^2`` term, decayed linearly to zero.
       init_params: starting initialiser variables, if any.
+      on_step: called as ``on_step(step, loss)`` (``step`` counted from one) every
+        ``log_every`` steps and after the last one, e.g. to print progress.
+      log_every: how often ``on_step`` is called (``0``: only after the last step).
 
     Returns:
       A `TrainedNeuralSolver`.
@@ -109,6 +114,9 @@ def train_neural_solver(
             params, opt_state, batch, linear_decay(l3, step, num_steps)
         )
         losses.append(loss)
+        done = step + 1
+        if on_step is not None and (done == num_steps or (log_every and done % log_every == 0)):
+            on_step(done, float(loss))
     return TrainedNeuralSolver(
         solver=solver.with_params(params["solver"]),
         init_params=params["init"],
