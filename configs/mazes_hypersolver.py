@@ -27,9 +27,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     arg = default.variant(arg)
     # A narrow network and a 1x1 initialiser (2,098 parameters, 2.9% of the 73K-parameter
     # DEQ), unrolled for 20 steps, 300 steps at learning rate 5e-3: 99% of 13x13 mazes
-    # solved after 35 steps where Anderson needs 60 (K = 10 and 150 steps, a quarter of
-    # the fit's work: 60; measured figures in BUILD_NOTES.md). The budget is the maze
-    # model's eval budget.
+    # solved after 35 steps where Anderson needs 60 (the earlier K = 10 fit, 150 steps at
+    # 1e-3, a quarter of the work: 60; measured figures in BUILD_NOTES.md). The budget is
+    # the maze model's eval budget.
     config = default.hypersolver(
         mazes.get_config(arg),
         arg,

@@ -27,7 +27,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Small next to the 23.5K-parameter DEQ (2,106 parameters, 8.9%). Unrolled for the 20
     # steps where this DEQ's answers are decided, 1,500 steps at 3e-3: 99.5% string
     # accuracy on length 32 after 16 steps where Anderson needs 28 (K = 10 and 300
-    # steps: 20; measured figures in BUILD_NOTES.md).
+    # steps: 24; measured figures in BUILD_NOTES.md).
     return default.hypersolver(
         prefix_sum.get_config(arg),
         arg,
