@@ -49,7 +49,8 @@ Sections:
   neural_solver: the neural DEQ solver of Bai et al. (2022)
     (`deq_jax.neural_solver.fit.NeuralSolverSpec`). A non-empty ``deq_workdir`` makes
     ``launch.main`` restore that trained DEQ and fit a HyperAnderson solver and
-    initialiser to it (``configs/*_hypersolver.py``); ``alternating=True`` instead
+    initialiser to it (``configs/*_hypersolver.py``; the first ``detached_steps`` of its
+    ``train_steps`` skip the backward pass through the cell); ``alternating=True`` instead
     interleaves solver fits with DEQ training (warm-up ``alt_warmup_steps``, then the
     DEQ trains ``alt_deq_steps`` with the solver between fine-tunings of
     ``alt_finetune_steps``).
@@ -76,7 +77,8 @@ def hypersolver(config: ConfigDict, arg: str, **fields) -> ConfigDict:
     """Turns a trained DEQ's config into its neural-solver config (``*_hypersolver.py``).
 
     Sets the shared ``neural_solver`` fields (ablations on), then ``fields``; the smoke
-    variant (``arg="smoke"``) shrinks the fit to seconds.
+    variant (``arg="smoke"``) shrinks the fit to seconds (half its steps detached when
+    the full fit detaches any).
     """
     ns = config.neural_solver
     ns.update(dict(ablations=True, tol=1e-3, max_iter=30, train_steps=300, batch_size=32))
@@ -87,6 +89,7 @@ def hypersolver(config: ConfigDict, arg: str, **fields) -> ConfigDict:
                 hidden=8,
                 unroll_steps=3,
                 train_steps=4,
+                detached_steps=2 if ns.detached_steps else 0,
                 batch_size=8,
                 target_batches=2,
                 target_max_iter=20,
@@ -219,6 +222,7 @@ def get_config() -> ConfigDict:
             max_iter=30,
             unroll_steps=6,
             train_steps=300,
+            detached_steps=0,
             batch_size=32,
             target_batches=8,
             target_max_iter=80,

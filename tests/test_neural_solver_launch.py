@@ -120,6 +120,12 @@ def test_spec_validates_and_lists_keys():
         NeuralSolverSpec.from_config({"unroll_step": 3})
     with pytest.raises(ValueError, match=">= 1"):
         NeuralSolverSpec(train_steps=0)
+    with pytest.raises(ValueError, match="detached_steps"):
+        NeuralSolverSpec(train_steps=10, detached_steps=11)
+    # A fit of another length (a fine-tuning) detaches the same fraction of its steps.
+    spec = NeuralSolverSpec(train_steps=1_500, detached_steps=1_200)
+    assert [spec.detached_count(n) for n in (1_500, 50, 1)] == [1_200, 40, 1]
+    assert NeuralSolverSpec(train_steps=300).detached_count(300) == 0
     assert initializer_kind((8, 8, 4)) == "image"
     with pytest.raises(ValueError, match="per-sample shape"):
         initializer_kind((2, 2, 2, 2))

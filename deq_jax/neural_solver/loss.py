@@ -61,6 +61,7 @@ def unroll(
     fn: Callable[[jax.Array], jax.Array],
     z0: jax.Array,
     steps: int,
+    cell_gradient: bool = True,
 ) -> Unrolled:
     """``steps`` HyperAnderson steps from ``z0 [B, D]``, reverse-differentiable.
 
@@ -70,6 +71,11 @@ def unroll(
       fn: the frozen map ``[B, D] -> [B, D]``.
       z0: the first iterate.
       steps: ``K``, the number of proposals (``K`` evaluations of ``fn``).
+      cell_gradient: differentiate through ``fn``. ``False`` treats every image
+        ``fn(z_k)`` as a constant: the gradient still flows through the mixing, the
+        network and the iterates ``z_k`` in the residuals ``fn(z_k) - z_k``, but no
+        backward pass runs through the cell, which makes a training step several
+        times cheaper.
 
     Returns:
       `Unrolled` with the iterates ``z_1 .. z_K``.
@@ -77,7 +83,8 @@ def unroll(
 
     def body(carry, k):
         z, aux = carry
-        out = solver.step(params, aux, z, fn(z), k)
+        fz = fn(z) if cell_gradient else jax.lax.stop_gradient(fn(jax.lax.stop_gradient(z)))
+        out = solver.step(params, aux, z, fz, k)
         sq = jnp.sum(out.mixed_residual**2, axis=-1)
         return (out.z_next, out.state), (out.z_next, sq, out.alpha, out.beta)
 
@@ -100,6 +107,7 @@ def neural_solver_loss(
     l1: float = 1.0,
     l2: float = 1.0,
     l3: float | jax.Array = 0.0,
+    cell_gradient: bool = True,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The HyperDEQ loss of one batch and its parts.
 
@@ -116,6 +124,8 @@ def neural_solver_loss(
       steps: ``K`` unrolled steps.
       l1, l2, l3: weights of the convergence, initialisation and ``||G alpha||^2``
         terms.
+      cell_gradient: backpropagate through the cell in the unrolled steps (see
+        `unroll`).
 
     Returns:
       ``(loss, metrics)`` with metrics ``conv``, ``init``, ``alpha`` (the three terms
@@ -137,7 +147,8 @@ def neural_solver_loss(
     shape, batch = z_star.shape, z_star.shape[0]
     fn = lambda z: jnp.reshape(f(jnp.reshape(z, shape), args), (batch, -1))
     target = jnp.reshape(z_star, (batch, -1))
-    out = unroll(solver, params["solver"], fn, jnp.reshape(z0, (batch, -1)), steps)
+    z0_flat = jnp.reshape(z0, (batch, -1))
+    out = unroll(solver, params["solver"], fn, z0_flat, steps, cell_gradient)
     err = jnp.mean(jnp.sum((out.zs - target) ** 2, axis=-1), axis=-1)  # [K]
     conv = jnp.sum(step_weights(steps, err.dtype) * err)
     init = jnp.mean(jnp.sum((jnp.reshape(z0, (batch, -1)) - target) ** 2, axis=-1))

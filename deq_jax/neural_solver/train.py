@@ -11,6 +11,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -54,6 +55,7 @@ def train_neural_solver(
     init_params: Any = None,
     on_step: Callable[[int, float], None] | None = None,
     log_every: int = 0,
+    detached_steps: int = 0,
 ) -> TrainedNeuralSolver:
     """Trains the solver's network and the initialiser on a frozen cell.
 
@@ -75,6 +77,10 @@ def train_neural_solver(
       on_step: called as ``on_step(step, loss)`` (``step`` counted from one) every
         ``log_every`` steps and after the last one, e.g. to print progress.
       log_every: how often ``on_step`` is called (``0``: only after the last step).
+      detached_steps: the first ``detached_steps`` optimisation steps treat each image
+        ``f(z_k)`` of the unroll as a constant (no backward pass through ``f``, so
+        several times cheaper; see `deq_jax.neural_solver.loss.unroll`); the rest
+        backpropagate through ``f``.
 
     Returns:
       A `TrainedNeuralSolver`.
@@ -93,11 +99,28 @@ def train_neural_solver(
     params = {"solver": solver.variables, "init": init_params}
     opt_state = optimizer.init(params)
 
-    @jax.jit
-    def update(params, opt_state, batch, l3_now):
+    if not isinstance(detached_steps, int) or not 0 <= detached_steps <= num_steps:
+        raise ValueError(
+            f"detached_steps must be an integer in [0, num_steps={num_steps}], "
+            f"got {detached_steps!r}."
+        )
+
+    @functools.partial(jax.jit, static_argnums=4)
+    def update(params, opt_state, batch, l3_now, cell_gradient):
         args, x, z_star = batch
         loss_fn = lambda p: neural_solver_loss(
-            p, solver, initializer, f, args, x, z_star, steps=steps, l1=l1, l2=l2, l3=l3_now
+            p,
+            solver,
+            initializer,
+            f,
+            args,
+            x,
+            z_star,
+            steps=steps,
+            l1=l1,
+            l2=l2,
+            l3=l3_now,
+            cell_gradient=cell_gradient,
         )
         (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -110,9 +133,8 @@ def train_neural_solver(
             batch = next(it, None)
             if batch is None:
                 raise ValueError(f"batches ran out after {step} of {num_steps} steps.")
-        params, opt_state, loss = update(
-            params, opt_state, batch, linear_decay(l3, step, num_steps)
-        )
+        l3_now = linear_decay(l3, step, num_steps)
+        params, opt_state, loss = update(params, opt_state, batch, l3_now, step >= detached_steps)
         losses.append(loss)
         done = step + 1
         if on_step is not None and (done == num_steps or (log_every and done % log_every == 0)):
