@@ -151,7 +151,7 @@ def neural_solver_loss(
     out = unroll(solver, params["solver"], fn, z0_flat, steps, cell_gradient)
     err = jnp.mean(jnp.sum((out.zs - target) ** 2, axis=-1), axis=-1)  # [K]
     conv = jnp.sum(step_weights(steps, err.dtype) * err)
-    init = jnp.mean(jnp.sum((jnp.reshape(z0, (batch, -1)) - target) ** 2, axis=-1))
+    init = jnp.mean(jnp.sum((z0_flat - target) ** 2, axis=-1))
     alpha = jnp.sum(jnp.mean(out.mixed_residual_sq, axis=-1))
     loss = l1 * conv + l2 * init + l3 * alpha
     final = jnp.linalg.norm(out.zs[-1] - target, axis=-1) / jnp.linalg.norm(target, axis=-1)

@@ -86,8 +86,14 @@ def train_neural_solver(
       A `TrainedNeuralSolver`.
 
     Raises:
-      ValueError: if ``batches`` runs out before ``num_steps``.
+      ValueError: if ``batches`` runs out before ``num_steps``, or ``detached_steps``
+        is not in ``[0, num_steps]``.
     """
+    if not isinstance(detached_steps, int) or not 0 <= detached_steps <= num_steps:
+        raise ValueError(
+            f"detached_steps must be an integer in [0, num_steps={num_steps}], "
+            f"got {detached_steps!r}."
+        )
     if optimizer is None:
         optimizer = optax.adam(1e-3)
     it = iter(batches)
@@ -98,12 +104,6 @@ def train_neural_solver(
         init_params = initializer.init(key, first[1])
     params = {"solver": solver.variables, "init": init_params}
     opt_state = optimizer.init(params)
-
-    if not isinstance(detached_steps, int) or not 0 <= detached_steps <= num_steps:
-        raise ValueError(
-            f"detached_steps must be an integer in [0, num_steps={num_steps}], "
-            f"got {detached_steps!r}."
-        )
 
     @functools.partial(jax.jit, static_argnums=4)
     def update(params, opt_state, batch, l3_now, cell_gradient):
