@@ -149,9 +149,6 @@ def test_step_weights_and_decay():
     assert ns.linear_decay(0.5, 150, 100) == 0.0
 
 
-# ----------------------------------------------------------------------------- the solver
-
-
 def _one_step_losses(cell_gradient):
     """The unrolled loss of one step (alpha = 1 on the only slot, beta = 1/2 untrained)
     and its closed form ``||beta f(z0) + (1 - beta) z0 - z*||^2`` with ``z0 = h_phi(x)``;
@@ -193,7 +190,7 @@ def test_detached_cell_gradient_known_answer():
     (loss_full, g_full), (form_full, form_g_full) = _one_step_losses(True)
     (loss_det, g_det), (form_det, form_g_det) = _one_step_losses(False)
     # The forward pass is the same; only the gradient through f is dropped.
-    chex.assert_trees_all_close(loss_full, loss_det, form_full, rtol=1e-6)
+    chex.assert_trees_all_close(loss_full, loss_det, form_full, form_det, rtol=1e-6)
     chex.assert_trees_all_close(g_full["init"], form_g_full["init"], rtol=1e-4, atol=1e-6)
     chex.assert_trees_all_close(g_det["init"], form_g_det["init"], rtol=1e-4, atol=1e-6)
     differ = jax.tree_util.tree_map(lambda u, v: float(jnp.max(jnp.abs(u - v))), g_full, g_det)
@@ -226,6 +223,9 @@ def test_detached_steps_train_and_validate():
     for bad in (-1, 61):
         with pytest.raises(ValueError, match="detached_steps"):
             run(num_steps=60, detached_steps=bad)
+
+
+# ----------------------------------------------------------------------------- the solver
 
 
 def test_solver_is_hashable_by_content_and_validates():
