@@ -216,6 +216,7 @@ def get_config() -> ConfigDict:
             kernel_size=3,
             pool="mean",
             anderson_tail=False,
+            learn_beta=True,
             init_hidden=0,
             init_kernel_size=3,
             tol=1e-3,

@@ -95,6 +95,18 @@ def test_update_with_least_squares_weights_is_anderson_step(beta):
     np.testing.assert_allclose(ours, dj.solvers.anderson_step(fs, gs, alpha, beta), atol=1e-5)
 
 
+def test_undamped_update_skips_the_residuals():
+    # A Python 1.0 takes sum_i alpha_i f(z_i) and never reads gs (NaN there stays out).
+    kf, ka = jax.random.split(jax.random.PRNGKey(0))
+    fs = jax.random.normal(kf, (4, 5, 12))
+    alpha = jax.random.normal(ka, (4, 5))
+    gs = jnp.full_like(fs, jnp.nan)
+    fast = ns.hyper_anderson_update(fs, gs, alpha, 1.0)
+    np.testing.assert_allclose(fast, jnp.einsum("bm,bmd->bd", alpha, fs), rtol=1e-6)
+    slow = ns.hyper_anderson_update(fs, jnp.zeros_like(fs), alpha, jnp.ones((4,)))
+    np.testing.assert_allclose(fast, slow, rtol=1e-6)
+
+
 def test_pool_residual():
     g = jnp.arange(2 * 3 * 4, dtype=jnp.float32).reshape(2, 12)
     seq = g.reshape(2, 3, 4)
@@ -247,6 +259,37 @@ def test_solver_is_hashable_by_content_and_validates():
         dj.fixed_point(lambda z, _: jnp.cos(z), jnp.zeros((2, D + 1)), solver=a)
 
 
+def test_fixed_beta_solver():
+    key = jax.random.PRNGKey(0)
+    learned = ns.init_neural_solver(key, (D,), hidden=8)
+    fixed = ns.init_neural_solver(key, (D,), hidden=8, beta=1.0)
+    # No beta head: the pooled Dense(hidden -> 1) is gone.
+    assert learned.params.size - fixed.params.size == 8 + 1
+    with pytest.raises(ValueError, match="beta"):
+        ns.neural_solver(params=learned.variables, state_shape=(D,), hidden=8, beta=1.0)
+    for bad in (0.0, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="beta must be None"):
+            ns.init_neural_solver(key, (D,), beta=bad)
+    with pytest.raises(ValueError, match="learns beta"):
+        ns.init_neural_solver(key, (D,), alpha_mode="least_squares", beta=1.0)
+    # Untrained with beta = 1: uniform alpha over the history, undamped. By hand:
+    # z1 = f(z0), z2 = (f(z0) + f(z1)) / 2, z3 = (f(z0) + f(z1) + f(z2)) / 3.
+    f = lambda z: jnp.cos(z) + 0.1 * z
+    z0 = jax.random.normal(key, (2, D))
+    state, z, images = fixed.init(z0), z0, []
+    for k in (1, 2, 3):
+        images.append(f(z))
+        out = fixed.step(fixed.variables, state, z, images[-1], k)
+        np.testing.assert_allclose(out.z_next, sum(images) / k, atol=1e-6)
+        np.testing.assert_array_equal(out.beta, 1.0)
+        state, z = out.state, out.z_next
+    # A fixed beta below one damps with that beta; jitted and handed over to Anderson.
+    damped = ns.init_neural_solver(key, (D,), hidden=8, beta=0.5, anderson_after=1)
+    out = jax.jit(damped.step, static_argnums=4)(damped.variables, damped.init(z0), z0, f(z0), 1)
+    np.testing.assert_allclose(out.z_next, 0.5 * f(z0) + 0.5 * z0, atol=1e-6)
+    np.testing.assert_array_equal(out.beta, 0.5)
+
+
 def test_anderson_after_zero_is_anderson():
     # From the first step on, the hand-over takes Anderson's alpha with beta = 1, so the
     # iterates are those of Anderson with the same history size (m + 1 = 6 slots).
@@ -254,13 +297,16 @@ def test_anderson_after_zero_is_anderson():
     w = 0.9 * jax.random.orthogonal(key, D)
     f = lambda z, b: jnp.tanh(z @ w + b)
     bias = jax.random.normal(jax.random.PRNGKey(4), (B, D))
-    hyper = ns.init_neural_solver(key, (D,), m=5, anderson_after=0, tol=1e-30, max_iter=9)
     classic = dj.solvers.anderson(m=6, tol=1e-30, max_iter=9)
     z0 = jnp.zeros((B, D))
-    got = _solve(f, z0, bias, hyper)
     want = _solve(f, z0, bias, classic)
-    np.testing.assert_allclose(got.stats.trace, want.stats.trace, rtol=1e-3)
-    np.testing.assert_allclose(got.value, want.value, atol=1e-5)
+    for beta in (None, 1.0):  # learned or fixed, the hand-over takes beta = 1
+        hyper = ns.init_neural_solver(
+            key, (D,), m=5, anderson_after=0, beta=beta, tol=1e-30, max_iter=9
+        )
+        got = _solve(f, z0, bias, hyper)
+        np.testing.assert_allclose(got.stats.trace, want.stats.trace, rtol=1e-3)
+        np.testing.assert_allclose(got.value, want.value, atol=1e-5)
 
 
 def test_anderson_after_switches_at_its_step():

@@ -126,6 +126,11 @@ def test_spec_validates_and_lists_keys():
     spec = NeuralSolverSpec(train_steps=1_500, detached_steps=1_200)
     assert [spec.detached_count(n) for n in (1_500, 50, 1)] == [1_200, 40, 1]
     assert NeuralSolverSpec(train_steps=300).detached_count(300) == 0
+    # learn_beta=False fixes beta = 1, except for the least-squares ablation.
+    fixed = NeuralSolverSpec(learn_beta=False)
+    assert fixed.untrained_solver(jax.random.PRNGKey(0), (4,)).beta == 1.0
+    assert fixed.untrained_solver(jax.random.PRNGKey(0), (4,), "least_squares").beta is None
+    assert NeuralSolverSpec().untrained_solver(jax.random.PRNGKey(0), (4,)).beta is None
     assert initializer_kind((8, 8, 4)) == "image"
     with pytest.raises(ValueError, match="per-sample shape"):
         initializer_kind((2, 2, 2, 2))
@@ -158,10 +163,12 @@ def test_frozen_deq_targets_are_fixed_points(trained_digits):
 
 @pytest.fixture(scope="module")
 def hypersolver_run(trained_digits, tmp_path_factory):
-    """The smoke hypersolver (and its ablations) fitted once on `trained_digits`."""
+    """The smoke hypersolver (and its ablations) fitted once on `trained_digits`, with
+    ``beta`` fixed to one (the ablation with least-squares alpha still learns it)."""
     workdir = tmp_path_factory.mktemp("hypersolver")
     config = digits_hypersolver.get_config("smoke")
     config.neural_solver.deq_workdir = trained_digits
+    config.neural_solver.learn_beta = False
     run = train_hypersolver(config, str(workdir), emit=lambda line: None)
     return config, workdir, run
 
@@ -182,6 +189,8 @@ def test_hypersolver_run_checkpoints_and_reloads(hypersolver_run):
     assert loaded.solvers["no_init"][1] is None
     assert loaded.solvers["ls_alpha"][0].alpha_mode == "least_squares"
     assert solver.anderson_after is None  # anderson_tail is off by default
+    assert solver.beta == loaded.solvers["no_init"][0].beta == 1.0
+    assert loaded.solvers["ls_alpha"][0].beta is None
 
 
 def test_spec_anderson_tail_hands_over_after_the_trained_k():

@@ -44,6 +44,10 @@ class NeuralSolverSpec:
       m, hidden, kernel_size, pool: the `neural_solver` network.
       anderson_tail: past the ``unroll_steps`` it was trained on, the solver hands over
         to plain Anderson on its history (`neural_solver`'s ``anderson_after``).
+      learn_beta: the network predicts the damping ``beta`` (the paper's solver);
+        ``False`` fixes ``beta = 1``, the undamped update that skips a pass over the
+        stored residuals every step (`neural_solver`'s ``beta``). The least-squares
+        ablation always learns its ``beta``.
       init_hidden: channels of a sequence initialiser's convolution (0: the state's).
       init_kernel_size: the initialiser's convolution width (sequences and images).
       tol, max_iter: the trained solver's stopping tolerance and default budget.
@@ -79,6 +83,7 @@ class NeuralSolverSpec:
     kernel_size: int = 3
     pool: str = "mean"
     anderson_tail: bool = False
+    learn_beta: bool = True
     init_hidden: int = 0
     init_kernel_size: int = 3
     tol: float = 1e-3
@@ -149,6 +154,7 @@ class NeuralSolverSpec:
             pool=self.pool,
             alpha_mode=alpha_mode,
             anderson_after=self.unroll_steps if self.anderson_tail else None,
+            beta=None if self.learn_beta or alpha_mode == "least_squares" else 1.0,
             tol=self.tol,
             max_iter=self.max_iter,
         )

@@ -11,6 +11,11 @@ of residuals: each residual is pooled per sample to a ``C``-vector (global avera
 the spatial or sequence axes, or the last token of a sequence), scaled to unit size over
 the history, and passed, oldest first, through a two-layer temporal convolution.
 
+``beta`` may also be fixed instead of predicted (``beta=1.0``, the undamped update
+``sum_i alpha_i f(z_i)``): the network then has no ``beta`` head and the update reads
+the image history only, not the residual history, which saves a pass over ``m + 1``
+stored states per step.
+
 The kernels here are pure functions on the flat ``[B, D]`` arrays of
 `deq_jax.solvers.loop`; `deq_jax.neural_solver.neural_solver` wires them into a `Solver`
 and `deq_jax.neural_solver.loss` unrolls them differentiably for training.
@@ -62,7 +67,7 @@ class HyperAndersonStep(NamedTuple):
     z_next: jax.Array  # [B, D]
     state: HyperAndersonState
     alpha: jax.Array  # [B, n] mixing weights in ring order, zero on empty slots
-    beta: jax.Array  # [B] damping in (0, 1)
+    beta: jax.Array  # [B] damping in (0, 1), or the fixed beta
     mixed_residual: jax.Array  # [B, D] G alpha = sum_i alpha_i g_i
 
 
@@ -78,6 +83,8 @@ class HyperAndersonNet(nn.Module):
       hidden: channels of the temporal convolutions.
       kernel_size: width of the temporal convolutions.
       beta_bias_init: initial logit of ``beta``.
+      predict_beta: whether the network has the ``beta`` head; without it (a solver
+        with a fixed ``beta``) it returns ``beta = None``.
 
     References:
       Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
@@ -86,14 +93,17 @@ class HyperAndersonNet(nn.Module):
     hidden: int = 32
     kernel_size: int = 3
     beta_bias_init: float = 0.0
+    predict_beta: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, x: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """``x [B, n, F]`` (zero on empty slots), ``valid [n]`` -> ``(a [B, n], beta [B])``."""
         h = nn.relu(nn.Conv(self.hidden, (self.kernel_size,), padding="SAME")(x))
         h = nn.relu(nn.Conv(self.hidden, (self.kernel_size,), padding="SAME")(h))  # [B, n, H]
         h = h * valid[None, :, None]
         a = nn.Dense(1, kernel_init=nn.initializers.zeros)(h)[..., 0]  # [B, n]
+        if not self.predict_beta:
+            return a, None
         pooled = jnp.sum(h, axis=1) / jnp.maximum(jnp.sum(valid), 1)  # [B, H]
         logit = nn.Dense(
             1,
@@ -124,7 +134,7 @@ def normalize_alpha(a: jax.Array, valid: jax.Array) -> jax.Array:
 
 
 def hyper_anderson_update(
-    fs: jax.Array, gs: jax.Array, alpha: jax.Array, beta: jax.Array
+    fs: jax.Array, gs: jax.Array, alpha: jax.Array, beta: jax.Array | float
 ) -> jax.Array:
     """``beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i`` with per-sample beta.
 
@@ -132,13 +142,16 @@ def hyper_anderson_update(
       fs: images ``[B, n, D]``.
       gs: residuals ``[B, n, D]`` (``z_i = f(z_i) - g_i``).
       alpha: weights ``[B, n]``.
-      beta: damping ``[B]`` (or a scalar).
+      beta: damping ``[B]`` (or a scalar). A Python ``1.0`` gives
+        ``sum_i alpha_i f(z_i)`` without reading ``gs``.
 
     Returns:
       The next iterate ``[B, D]``; with ``beta = 1`` it equals
       `deq_jax.solvers.anderson_step` with the same ``alpha``.
     """
     mixed_f = jnp.einsum("bm,bmd->bd", alpha, fs)
+    if isinstance(beta, int | float) and beta == 1.0:
+        return mixed_f
     mixed_g = jnp.einsum("bm,bmd->bd", alpha, gs)
     beta = jnp.reshape(jnp.asarray(beta, mixed_f.dtype), (-1, 1))
     return mixed_f - (1.0 - beta) * mixed_g
@@ -224,6 +237,7 @@ def hyper_anderson_step(
     pool: str,
     alpha_mode: str = "learned",
     anderson_after: int | None = None,
+    beta: float | None = None,
 ) -> HyperAndersonStep:
     """Books ``(z, f(z))`` (the ``k``-th evaluation, ``k >= 1``) and proposes the next iterate.
 
@@ -239,6 +253,8 @@ def hyper_anderson_step(
         ``argmin ||G alpha||`` with ``sum alpha = 1``; the network's beta is kept).
       anderson_after: from evaluation ``k > anderson_after`` on, take plain Anderson
         steps (least-squares alpha, ``beta = 1``) on the same history; ``None`` never.
+      beta: ``None``: the network predicts ``beta``; a number: this fixed ``beta`` (the
+        network then has no ``beta`` head, see `HyperAndersonNet`).
 
     Returns:
       A `HyperAndersonStep`.
@@ -260,26 +276,39 @@ def hyper_anderson_step(
         ring_valid = jnp.arange(n) < jnp.minimum(k, n)  # slots written so far
         return anderson_weights(gram, ring_valid, _LS_RIDGE).astype(z.dtype)
 
-    def learned(_) -> tuple[jax.Array, jax.Array]:
-        a, beta = net.apply(params, history_features(feats, norms, valid), valid)
+    # With beta fixed at 1 both kinds of step take the undamped update (no residual pass);
+    # otherwise each returns its per-sample beta.
+    undamped = beta is not None and beta == 1.0
+    batch = z.shape[0]
+
+    def learned(_) -> tuple[jax.Array, jax.Array | None]:
+        a, net_beta = net.apply(params, history_features(feats, norms, valid), valid)
+        if undamped:
+            step_beta = None
+        elif beta is None:
+            step_beta = net_beta.astype(z.dtype)
+        else:
+            step_beta = jnp.full((batch,), beta, z.dtype)
         if alpha_mode == "least_squares":
-            return least_squares_alpha(), beta.astype(z.dtype)
+            return least_squares_alpha(), step_beta
         alpha_chron = normalize_alpha(a.astype(z.dtype), valid)
         # Ring slot r holds the chronological position (r - slot - 1) % n.
         alpha = jnp.take(alpha_chron, (jnp.arange(n) - slot - 1) % n, axis=1)
-        return alpha, beta.astype(z.dtype)
+        return alpha, step_beta
 
-    def anderson_tail(_) -> tuple[jax.Array, jax.Array]:
-        return least_squares_alpha(), jnp.ones((z.shape[0],), z.dtype)
+    def anderson_tail(_) -> tuple[jax.Array, jax.Array | None]:
+        return least_squares_alpha(), None if undamped else jnp.ones((batch,), z.dtype)
 
     if anderson_after is None:
-        alpha, beta = learned(None)
+        alpha, step_beta = learned(None)
     else:  # one branch runs: the tail skips the network, the learned steps the Gram
-        alpha, beta = jax.lax.cond(k > anderson_after, anderson_tail, learned, None)
+        alpha, step_beta = jax.lax.cond(k > anderson_after, anderson_tail, learned, None)
+    if undamped:
+        step_beta = 1.0
     return HyperAndersonStep(
-        z_next=hyper_anderson_update(fs, gs, alpha, beta),
+        z_next=hyper_anderson_update(fs, gs, alpha, step_beta),
         state=HyperAndersonState(fs, gs, feats, norms, gram),
         alpha=alpha,
-        beta=beta,
+        beta=jnp.broadcast_to(jnp.asarray(step_beta, z.dtype), (batch,)),
         mixed_residual=jnp.einsum("bm,bmd->bd", alpha, gs),
     )
