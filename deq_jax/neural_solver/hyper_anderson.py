@@ -278,7 +278,7 @@ def hyper_anderson_step(
 
     # With beta fixed at 1 both kinds of step take the undamped update (no residual pass);
     # otherwise each returns its per-sample beta.
-    undamped = beta is not None and beta == 1.0
+    undamped = beta == 1.0
     batch = z.shape[0]
 
     def learned(_) -> tuple[jax.Array, jax.Array | None]:
