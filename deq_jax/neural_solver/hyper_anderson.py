@@ -33,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.solvers.anderson import anderson_weights, update_gram
+from deq_jax.solvers.anderson import anderson_step, anderson_weights, update_gram
 
 POOLS = ("mean", "last")
 
@@ -138,6 +138,8 @@ def hyper_anderson_update(
 ) -> jax.Array:
     """``beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i`` with per-sample beta.
 
+    Anderson's update (`deq_jax.solvers.anderson_step`) with the predicted weights.
+
     Args:
       fs: images ``[B, n, D]``.
       gs: residuals ``[B, n, D]`` (``z_i = f(z_i) - g_i``).
@@ -146,15 +148,9 @@ def hyper_anderson_update(
         ``sum_i alpha_i f(z_i)`` without reading ``gs``.
 
     Returns:
-      The next iterate ``[B, D]``; with ``beta = 1`` it equals
-      `deq_jax.solvers.anderson_step` with the same ``alpha``.
+      The next iterate ``[B, D]``.
     """
-    mixed_f = jnp.einsum("bm,bmd->bd", alpha, fs)
-    if isinstance(beta, int | float) and beta == 1.0:
-        return mixed_f
-    mixed_g = jnp.einsum("bm,bmd->bd", alpha, gs)
-    beta = jnp.reshape(jnp.asarray(beta, mixed_f.dtype), (-1, 1))
-    return mixed_f - (1.0 - beta) * mixed_g
+    return anderson_step(fs, gs, alpha, beta)
 
 
 def pool_residual(g: jax.Array, state_shape: tuple[int, ...], pool: str) -> jax.Array:

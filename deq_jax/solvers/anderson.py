@@ -66,14 +66,24 @@ def anderson_weights(gram: jax.Array, valid: jax.Array, lam: float) -> jax.Array
     return y / jnp.sum(y, axis=1, keepdims=True)
 
 
-def anderson_step(fs: jax.Array, gs: jax.Array, alpha: jax.Array, beta: float) -> jax.Array:
+def anderson_step(
+    fs: jax.Array, gs: jax.Array, alpha: jax.Array, beta: float | jax.Array
+) -> jax.Array:
     """``beta * sum_i alpha_i f(z_i) + (1 - beta) * sum_i alpha_i z_i``, ``[B, D]``.
 
     With ``z_i = f(z_i) - g_i`` this is ``sum_i alpha_i f(z_i) - (1 - beta) sum_i alpha_i g_i``.
+
+    Args:
+      fs: images ``[B, m, D]``.
+      gs: residuals ``[B, m, D]``.
+      alpha: weights ``[B, m]``.
+      beta: damping, a number or one per sample ``[B]``. A Python ``1`` takes
+        ``sum_i alpha_i f(z_i)`` without reading ``gs``.
     """
     mixed_f = jnp.einsum("bm,bmd->bd", alpha, fs)
-    if beta == 1.0:
+    if isinstance(beta, int | float) and beta == 1.0:
         return mixed_f
+    beta = jnp.reshape(jnp.asarray(beta, mixed_f.dtype), (-1, 1))
     return mixed_f - (1.0 - beta) * jnp.einsum("bm,bmd->bd", alpha, gs)
 
 
