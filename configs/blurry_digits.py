@@ -1,7 +1,7 @@
 """Blurry digits: classify lightly blurred 8x8 digits, test on blurrier ones.
 
 Trains the small convolutional DEQ of ``configs/digits.py``
-(`deq_jax.nn.models.DigitsDEQ`) on scikit-learn digits blurred with a Gaussian of
+(`deq_jax.models.vision.DigitsDEQ`) on scikit-learn digits blurred with a Gaussian of
 standard deviation 0.5 pixels and reports the accuracy on the test digits blurred at
 0.5, 1 and 1.5 pixels, at 1x, 2x and 4x the train solver budget (about 2.5 minutes
 on 2 CPU cores; about 99%, 87% and 62% accuracy, the same at every budget). Run it
@@ -52,37 +52,29 @@ def get_config(arg: str | None = None) -> ConfigDict:
             norm_groups=4,
             weight_norm=False,
             dropout_rate=0.0,
-            z_init="mixed",
-            train_max_iter=15,
-            eval_max_iter=30,
         )
     )
-    config.backward.name = "jacobian_free"
-    config.backward.ift.max_iter = 15
-    config.train.steps = 1_000
-    config.train.batch_size = 32
-    config.train.optimizer = "adam"
-    config.train.learning_rate = 2e-3
-    config.train.warmup_steps = 50
-    config.eval.every_steps = 500
-    config.eval.batch_size = 120
+    config.deq.update(
+        dict(
+            z_init="mixed", train_max_iter=15, eval_max_iter=30, backward=dict(name="jacobian_free")
+        )
+    )
+    config.train.update(
+        dict(steps=1_000, batch_size=32, optimizer="adam", learning_rate=2e-3, warmup_steps=50)
+    )
+    config.eval.update(dict(every_steps=500, batch_size=120))
     config.ckpt.every_steps = 500
     config.log.every_steps = 100
     if arg == "smoke":
-        config.task.test_sigmas = (0.5, 1.5)
-        config.model.width = 8
-        config.model.num_blocks = 0
-        config.model.train_max_iter = 4
-        config.model.eval_max_iter = 4
-        config.backward.ift.max_iter = 4
-        config.train.steps = 4
-        config.train.batch_size = 16
-        config.train.warmup_steps = 1
-        config.eval.every_steps = 2
-        config.eval.batch_size = 120
-        config.eval.max_batches = 1
-        config.eval.budget_multipliers = (1, 2)
-        config.ckpt.every_steps = 2
-        config.ckpt.keep = 2
-        config.log.every_steps = 2
+        default.smoke(
+            config,
+            steps=4,
+            batch_size=16,
+            warmup_steps=1,
+            eval_every=2,
+            eval_batch_size=120,
+            budgets=(4, 4),
+            task=dict(test_sigmas=(0.5, 1.5)),
+            model=dict(width=8, num_blocks=0),
+        )
     return config

@@ -9,8 +9,8 @@ decoding its edge latents, see `EDGE_LATENTS`).
 
 * ``deq`` (default): the fixed point from Anderson acceleration with implicit (IFT)
   gradients; the model decides itself when to stop: in evaluation, when the residual
-  passes ``eval.settle_tol`` (1e-6) or when its decoded answer has not changed for
-  ``eval.settle_patience`` steps (`SETTLE_PATIENCE`), whichever comes first;
+  passes ``deq.settle_tol`` (1e-6) or when its decoded answer has not changed for
+  ``deq.settle_patience`` steps (`SETTLE_PATIENCE`), whichever comes first;
 * ``hint_propagation``: plain iteration until the residual test passes, backprop
   through time;
 * ``fixed_steps``: the algorithm's true number of steps with hint supervision (CLRS's
@@ -143,7 +143,7 @@ EXTRA_EDGE_RATES = {"bellman_ford": 1.0}
 # / 79.3 at 64 nodes (train seeds 0, 1; seed 0 81.8 over five draws of test graphs)
 # against 71.6 / 70.4 with the config before.
 WEIGHT_POWERS = {"mst_prim": 4.0}
-# ``eval.settle_patience`` (deq mode; the other modes call no DEQ and ignore it): an eval
+# ``deq.settle_patience`` (deq mode; the other modes call no DEQ and ignore it): an eval
 # solve also stops a graph once its decoded answer (parents, Kruskal's edge mask) has
 # not changed for this many steps (`deq_jax.analysis.settled_apply`). The residual test
 # alone goes on for about as many steps again after the answer is final, at every graph
@@ -154,7 +154,7 @@ WEIGHT_POWERS = {"mst_prim": 4.0}
 # Kruskal 98.7 / 93.5 / 84.7 in 8.5 / 12.6 / 14.4 -> 98.7 / 93.6 / 84.6 in 5.7 / 8.2 /
 # 12.6. MST-Prim's answer pauses on its way: patience 3 gave 91.0 / 87.4 / 80.7 (residual
 # stop 93.2 / 89.1 / 80.7 in 49.1 / 48.5 / 50.2 steps), patience 6 93.2 / 89.4 / 80.3 in
-# 17.1 / 26.8 / 32.8 steps. ``eval.settle_tol`` 1e-6 then leaves the stop to the answer:
+# 17.1 / 26.8 / 32.8 steps. ``deq.settle_tol`` 1e-6 then leaves the stop to the answer:
 # the whole-state residual of a larger graph passes 1e-3 sooner (its unsettled nodes are
 # diluted), which held the counts at 64 and 128 nodes level (Bellman-Ford 12.2 / 12.4,
 # Kruskal 12.6 / 12.3). With it, at 16 / 32 / 64 / 128 nodes: Bellman-Ford 10.2 / 12.6 /
@@ -220,14 +220,10 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
             gumbel_tau=1.0,
             decode_edge_latents=algorithm in EDGE_LATENTS,
             random_pos=False,
-            z_init="zeros",
-            train_max_iter=train_budget,
-            eval_max_iter=eval_budget,
         )
     )
-    config.solver.tol = 1e-3
+    config.deq.update(dict(train_max_iter=train_budget, eval_max_iter=eval_budget))
     config.regularizer.jacobian_weight = JACOBIAN_WEIGHTS.get(algorithm, 1.0)
-    config.backward.ift.max_iter = train_budget
     config.train.steps = 2_000
     config.train.batch_size = 32
     config.train.optimizer = "adam"
@@ -236,8 +232,8 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
     config.eval.every_steps = 500
     config.eval.batch_size = 32
     config.eval.budget_multipliers = (1, 2)
-    config.eval.settle_patience = SETTLE_PATIENCE.get(algorithm, 3)
-    config.eval.settle_tol = SETTLE_TOL
+    config.deq.settle_patience = SETTLE_PATIENCE.get(algorithm, 3)
+    config.deq.settle_tol = SETTLE_TOL
     config.ckpt.every_steps = 500
     config.log.every_steps = 100
     if arg == "large":
@@ -252,9 +248,8 @@ def clrs_config(algorithm: str, arg: str | None = None) -> ConfigDict:
         config.task.eval_size = 8
         config.model.hidden = 8
         config.model.triplet_features = 4
-        config.model.train_max_iter = 5
-        config.model.eval_max_iter = 5
-        config.backward.ift.max_iter = 5
+        config.deq.train_max_iter = 5
+        config.deq.eval_max_iter = 5
         config.train.steps = 4
         config.train.batch_size = 8
         config.train.warmup_steps = 2

@@ -4,21 +4,33 @@ A small prefix-sum DEQ. Run it with::
 
     python -m launch.main --config configs/default.py --workdir /tmp/deq_default
 
-Override any field from the command line, e.g. ``--config.solver.name=broyden`` or
-``--config.train.steps=500``; an unknown field fails and lists the valid ones.
+Override any field from the command line, e.g. ``--config.deq.solver.name=broyden`` or
+``--config.train.steps=500``; an unknown field fails and lists the valid ones, and a key
+of the old layout (``--config.solver.name``) names its new place.
+
+Task configs start from `get_config`, override what their task needs, and shrink to
+their seconds-long test variant with `smoke`.
 
 Sections:
   task: ``name`` picks `deq_jax.tasks.get(name, ...)`; every other field is a keyword
     of that task (``data_dir=""`` means ``{workdir}/data``).
-  model: ``name`` picks `deq_jax.nn.models.get(name, ...)`; every other field is an
-    attribute of that model. Its solver and backward mode come from the next sections.
-  solver: ``name`` picks `deq_jax.solvers.get(name, ...)` with ``tol``, ``stop_mode``
-    and the fields of the sub-section named like the solver (``anderson.m``, ...).
-    The iteration budgets are ``model.train_max_iter`` / ``model.eval_max_iter``.
-  backward: ``name`` picks `deq_jax.backward.get(name, ...)` with the fields of the
-    sub-section named like it (``phantom.k``, ...). ``ift.solver=""`` reuses the
-    forward solver for the backward system; a solver name (or ``"gmres"``) uses that
-    one with ``ift.tol`` and ``ift.max_iter``.
+  model: ``name`` picks `deq_jax.models.get(name, ...)`; every other field is an
+    attribute of that model. What its DEQ solves with comes from ``deq``.
+  deq: everything a DEQ solves with, every budget and tolerance of the run
+    (`deq_jax.nn.DEQSpec`, `deq_jax.training.build.build_deq_spec`):
+    ``solver.name`` picks `deq_jax.solvers.get(name, ...)` with ``tol``, ``stop_mode``,
+    ``full_budget`` (run every sample for the whole budget: a fixed depth) and the
+    fields of the sub-section named like the solver (``anderson.m``, ...);
+    ``backward.name`` picks `deq_jax.backward.get(name, ...)` with the fields of the
+    sub-section named like it (``phantom.k``, ...); ``backward.ift.solver=""``
+    inherits the forward solver, whose tolerance and budget a non-zero ``ift.tol`` and
+    ``ift.max_iter`` change, and a solver name (or ``"gmres"``) uses that one with
+    them. ``z_init`` is the initial state (``zeros``, ``normal``, ``mixed``);
+    ``train_max_iter`` / ``eval_max_iter`` the budgets of training and evaluation
+    solves. ``settle_patience > 0`` also stops each sample's eval solve once the
+    model's decoded answer has not changed for that many steps
+    (`deq_jax.nn.settled_apply`), with the residual tolerance ``settle_tol`` (0: the
+    solver's); 0 stops on the residual only.
   train: steps, global batch size, optimiser, schedule, clipping, seed,
     ``stop_at_step`` (end this invocation early, e.g. to fit a job slot; the next run
     resumes) and ``distributed`` (call `jax.distributed.initialize()` first, for
@@ -26,10 +38,7 @@ Sections:
     are auto-detected on TPU pods and SLURM when left empty, 0 and -1).
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
-    ``budget_multipliers`` times the train budget. ``settle_patience > 0`` also stops
-    each sample's eval solve once the model's decoded answer has not changed for that
-    many steps (`deq_jax.analysis.settled_apply`), with the residual tolerance
-    ``settle_tol`` (0: the solver's); 0 stops on the residual only.
+    ``budget_multipliers`` times the train budget.
   regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
     (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
@@ -43,9 +52,9 @@ Sections:
     (`deq_jax.training.interventions.PathIndependence`): a randomised forward budget
     drawn per step from ``budget_choices`` evenly spaced values in ``[budget_min,
     budget_max]`` (``budget_max=0``: off) and the fixed-point alignment penalty with
-    weight ``alignment_weight``. Mixed initialisation is ``model.z_init="mixed"``;
-    unroll + backprop is ``solver.name="fixed_point_iteration"``, ``solver.tol=1e-30``,
-    ``backward.name="unrolled"``.
+    weight ``alignment_weight``. Mixed initialisation is ``deq.z_init="mixed"``;
+    unroll + backprop is ``deq.solver.name="fixed_point_iteration"``,
+    ``deq.solver.full_budget=True``, ``deq.backward.name="unrolled"``.
   neural_solver: the neural DEQ solver of Bai et al. (2022)
     (`deq_jax.neural_solver.fit.NeuralSolverSpec`). A non-empty ``deq_workdir`` makes
     ``launch.main`` restore that trained DEQ and fit a HyperAnderson solver and
@@ -71,6 +80,43 @@ def variant(arg: str | None, valid: tuple[str, ...] = ("smoke",)) -> str:
     if arg and arg not in valid:
         raise ValueError(f"Unknown config argument {arg!r}. Valid arguments: {', '.join(valid)}.")
     return arg
+
+
+def smoke(
+    config: ConfigDict,
+    *,
+    steps: int,
+    batch_size: int,
+    warmup_steps: int,
+    eval_every: int,
+    eval_batch_size: int,
+    budgets: tuple[int, int],
+    max_batches: int = 1,
+    **sections: dict,
+) -> ConfigDict:
+    """Shrinks a task config to its seconds-long test variant (``:smoke``).
+
+    A few ``steps`` of ``batch_size`` after ``warmup_steps``, evaluated every
+    ``eval_every`` steps (``max_batches`` batches of ``eval_batch_size``; 0: all) and
+    at 1x and 2x the train budget, with the (train, eval) solver ``budgets``; a
+    checkpoint every 2 steps (2 kept) and a log line every 2, so a smoke run still
+    writes checkpoints, metrics and TensorBoard events. ``sections`` update whole
+    sections, e.g. ``task=dict(train_size=256)``, ``model=dict(width=8)``.
+    """
+    config.train.update(dict(steps=steps, batch_size=batch_size, warmup_steps=warmup_steps))
+    config.eval.update(
+        dict(
+            every_steps=eval_every,
+            batch_size=eval_batch_size,
+            max_batches=max_batches,
+            budget_multipliers=(1, 2),
+        )
+    )
+    config.deq.train_max_iter, config.deq.eval_max_iter = budgets
+    config.ckpt.update(dict(every_steps=2, keep=2))
+    config.log.every_steps = 2
+    config.update(sections)
+    return config
 
 
 def hypersolver(config: ConfigDict, arg: str, **fields) -> ConfigDict:
@@ -127,30 +173,32 @@ def get_config() -> ConfigDict:
             norm_groups=4,
             weight_norm=False,
             dropout_rate=0.0,
+        )
+    )
+
+    config.deq = ConfigDict(
+        dict(
+            solver=dict(
+                name="anderson",
+                tol=1e-3,
+                stop_mode="rel",
+                full_budget=False,
+                fixed_point_iteration=dict(tau=1.0),
+                anderson=dict(m=5, beta=1.0, lam=1e-4),
+                broyden=dict(memory=20),
+            ),
+            backward=dict(
+                name="ift",
+                ift=dict(solver="", tol=0.0, max_iter=0, on_failure="ignore"),
+                phantom=dict(k=5, tau=0.5),
+                jacobian_free=dict(),
+                unrolled=dict(),
+            ),
             z_init="zeros",
             train_max_iter=30,
             eval_max_iter=30,
-        )
-    )
-
-    config.solver = ConfigDict(
-        dict(
-            name="anderson",
-            tol=1e-3,
-            stop_mode="rel",
-            fixed_point_iteration=dict(tau=1.0),
-            anderson=dict(m=5, beta=1.0, lam=1e-4),
-            broyden=dict(memory=20),
-        )
-    )
-
-    config.backward = ConfigDict(
-        dict(
-            name="ift",
-            ift=dict(solver="", tol=1e-3, max_iter=30, on_failure="ignore"),
-            phantom=dict(k=5, tau=0.5),
-            jacobian_free=dict(),
-            unrolled=dict(),
+            settle_patience=0,
+            settle_tol=0.0,
         )
     )
 
@@ -184,8 +232,6 @@ def get_config() -> ConfigDict:
             splits=(),
             max_batches=0,
             budget_multipliers=(1, 2, 4),
-            settle_patience=0,
-            settle_tol=0.0,
         )
     )
 

@@ -2,7 +2,7 @@
 
 A 3x3 input projection, a `Conv2DCell` with input injection, group norm and
 weight-normalised convolutions, and a pooled linear readout to 10 classes
-(`deq_jax.nn.models.DigitsDEQ`); Anderson forward, implicit (IFT) backward. The
+(`deq_jax.models.vision.DigitsDEQ`); Anderson forward, implicit (IFT) backward. The
 Jacobian regulariser is off unless ``--config.regularizer.jacobian_weight`` is set.
 Run it with::
 
@@ -39,39 +39,26 @@ def get_config(arg: str | None = None) -> ConfigDict:
             norm_groups=4,
             weight_norm=True,
             dropout_rate=0.0,
-            z_init="zeros",
-            train_max_iter=12,
-            eval_max_iter=30,
         )
     )
-    config.backward.ift.max_iter = 12
-    config.train.steps = 1_000
-    config.train.batch_size = 32
-    config.train.optimizer = "adam"
-    config.train.learning_rate = 2e-3
-    config.train.warmup_steps = 50
-    config.eval.every_steps = 500
-    config.eval.batch_size = 120
-    config.eval.budget_multipliers = (1, 2)
-    config.regularizer.jacobian_samples = 1
-    config.regularizer.spectral_every = 50
-    config.regularizer.spectral_iters = 20
+    config.deq.update(dict(train_max_iter=12, eval_max_iter=30))
+    config.train.update(
+        dict(steps=1_000, batch_size=32, optimizer="adam", learning_rate=2e-3, warmup_steps=50)
+    )
+    config.eval.update(dict(every_steps=500, batch_size=120, budget_multipliers=(1, 2)))
+    config.regularizer.update(dict(jacobian_samples=1, spectral_every=50, spectral_iters=20))
     config.ckpt.every_steps = 500
     config.log.every_steps = 50
     if arg == "smoke":
-        config.model.width = 8
-        config.model.train_max_iter = 4
-        config.model.eval_max_iter = 4
-        config.backward.ift.max_iter = 4
-        config.train.steps = 4
-        config.train.batch_size = 16
-        config.train.warmup_steps = 1
-        config.eval.every_steps = 2
-        config.eval.batch_size = 120
-        config.eval.max_batches = 1
-        config.regularizer.jacobian_weight = 1.0
-        config.regularizer.spectral_every = 2
-        config.regularizer.spectral_iters = 3
-        config.ckpt.every_steps = 2
-        config.log.every_steps = 2
+        default.smoke(
+            config,
+            steps=4,
+            batch_size=16,
+            warmup_steps=1,
+            eval_every=2,
+            eval_batch_size=120,
+            budgets=(4, 4),
+            model=dict(width=8),
+            regularizer=dict(jacobian_weight=1.0, spectral_every=2, spectral_iters=3),
+        )
     return config

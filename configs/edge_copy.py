@@ -2,7 +2,7 @@
 
 Trains on noisy 10-node Erdős–Rényi graphs to reproduce the clean edge features and
 reports the mean squared error over the edges of 10-, 20- and 40-node graphs at 1x, 2x
-and 4x the train solver budget (`deq_jax.nn.reasoning_models.EdgeCopyDEQ`: one state
+and 4x the train solver budget (`deq_jax.models.reasoning.EdgeCopyDEQ`: one state
 per edge, updated from the edges that share an endpoint; the same parameters on every
 graph size). About 3 minutes on 2 CPU cores; mse about 0.0004 on every graph size
 (predicting zero: 1/3). Run it with::
@@ -53,41 +53,29 @@ def get_config(arg: str | None = None) -> ConfigDict:
             width=32,
             hidden=64,
             dropout_rate=0.0,
-            z_init="mixed",
-            train_max_iter=15,
-            eval_max_iter=30,
         )
     )
-    config.backward.name = "jacobian_free"
-    config.backward.ift.max_iter = 15
-    config.train.steps = 1_500
-    config.train.batch_size = 32
-    config.train.optimizer = "adam"
-    config.train.learning_rate = 1e-3
-    config.train.warmup_steps = 100
-    config.eval.every_steps = 500
-    config.eval.batch_size = 100
-    config.eval.max_batches = 1
+    config.deq.update(
+        dict(
+            z_init="mixed", train_max_iter=15, eval_max_iter=30, backward=dict(name="jacobian_free")
+        )
+    )
+    config.train.update(
+        dict(steps=1_500, batch_size=32, optimizer="adam", learning_rate=1e-3, warmup_steps=100)
+    )
+    config.eval.update(dict(every_steps=500, batch_size=100, max_batches=1))
     config.ckpt.every_steps = 500
     config.log.every_steps = 100
     if arg == "smoke":
-        config.task.train_size = 256
-        config.task.train_nodes = 6
-        config.task.test_nodes = (9,)
-        config.task.test_size = 32
-        config.model.width = 8
-        config.model.hidden = 16
-        config.model.train_max_iter = 6
-        config.model.eval_max_iter = 6
-        config.backward.ift.max_iter = 6
-        config.train.steps = 6
-        config.train.batch_size = 16
-        config.train.warmup_steps = 2
-        config.eval.every_steps = 4
-        config.eval.batch_size = 32
-        config.eval.max_batches = 1
-        config.eval.budget_multipliers = (1, 2)
-        config.ckpt.every_steps = 2
-        config.ckpt.keep = 2
-        config.log.every_steps = 2
+        default.smoke(
+            config,
+            steps=6,
+            batch_size=16,
+            warmup_steps=2,
+            eval_every=4,
+            eval_batch_size=32,
+            budgets=(6, 6),
+            task=dict(train_size=256, train_nodes=6, test_nodes=(9,), test_size=32),
+            model=dict(width=8, hidden=16),
+        )
     return config

@@ -2,7 +2,7 @@
 
 Trains on matrices of condition number 1 to 5 and reports the mean squared error of
 the predicted inverse on matrices of condition number 2 to 50 at 1x, 2x and 4x the
-train solver budget (`deq_jax.nn.reasoning_models.MatrixInversionDEQ`: the flattened
+train solver budget (`deq_jax.models.reasoning.MatrixInversionDEQ`: the flattened
 matrix is projected and injected into an `MLPCell`, read out as a matrix). About a
 minute on 2 CPU cores; test mse 0.0002 at condition number 2, 0.006 at 5 (predicting
 the mean inverse: 0.038) and 0.37 at 50. Run it with::
@@ -52,40 +52,29 @@ def get_config(arg: str | None = None) -> ConfigDict:
             hidden=256,
             weight_norm=False,
             dropout_rate=0.0,
-            z_init="mixed",
-            train_max_iter=20,
-            eval_max_iter=40,
         )
     )
-    config.backward.name = "jacobian_free"
-    config.backward.ift.max_iter = 20
-    config.train.steps = 3_000
-    config.train.batch_size = 64
-    config.train.optimizer = "adam"
-    config.train.learning_rate = 1e-3
-    config.train.warmup_steps = 100
-    config.eval.every_steps = 1_000
-    config.eval.batch_size = 500
-    config.eval.max_batches = 1
+    config.deq.update(
+        dict(
+            z_init="mixed", train_max_iter=20, eval_max_iter=40, backward=dict(name="jacobian_free")
+        )
+    )
+    config.train.update(
+        dict(steps=3_000, batch_size=64, optimizer="adam", learning_rate=1e-3, warmup_steps=100)
+    )
+    config.eval.update(dict(every_steps=1_000, batch_size=500, max_batches=1))
     config.ckpt.every_steps = 1_000
     config.log.every_steps = 100
     if arg == "smoke":
-        config.task.train_size = 256
-        config.task.test_conds = (2.0, 20.0)
-        config.task.test_size = 64
-        config.model.width = 16
-        config.model.hidden = 32
-        config.model.train_max_iter = 6
-        config.model.eval_max_iter = 6
-        config.backward.ift.max_iter = 6
-        config.train.steps = 6
-        config.train.batch_size = 16
-        config.train.warmup_steps = 2
-        config.eval.every_steps = 4
-        config.eval.batch_size = 32
-        config.eval.max_batches = 1
-        config.eval.budget_multipliers = (1, 2)
-        config.ckpt.every_steps = 2
-        config.ckpt.keep = 2
-        config.log.every_steps = 2
+        default.smoke(
+            config,
+            steps=6,
+            batch_size=16,
+            warmup_steps=2,
+            eval_every=4,
+            eval_batch_size=32,
+            budgets=(6, 6),
+            task=dict(train_size=256, test_conds=(2.0, 20.0), test_size=64),
+            model=dict(width=16, hidden=32),
+        )
     return config

@@ -1,6 +1,6 @@
 """Mazes: train a path-independent 2-D convolutional DEQ on 9x9, test on larger mazes.
 
-`deq_jax.nn.maze_model.MazeDEQ` with its grid stem: the framed, 2x upscaled image is
+`deq_jax.models.mazes.MazeDEQ` with its grid stem: the framed, 2x upscaled image is
 folded back onto the maze grid (2x2 blocks into channels), a 3x3 projection is
 injected into a `Conv2DCell` (two residual blocks, per-position layer norm) at every
 iteration, and a three-convolution readout marks the path per grid point, unfolded
@@ -51,9 +51,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     )
     # Mixed initialisation makes the fixed point path independent, per-position layer
     # norm keeps the map size-agnostic and convergent, Jacobian-free gradients make a
-    # step about three times cheaper than IFT, and the grid stem moves information
-    # twice as far per convolution at a quarter of the cost (pixels: 68.5% of 9x9 and
-    # 10% of 13x13 mazes after 2,000 steps; see BUILD_NOTES.md).
+    # step cheaper than IFT, and the grid stem moves information twice as far per
+    # convolution at a quarter of the cost.
     config.model = ConfigDict(
         dict(
             name="maze_deq",
@@ -65,43 +64,37 @@ def get_config(arg: str | None = None) -> ConfigDict:
             norm_groups=4,
             weight_norm=False,
             dropout_rate=0.0,
-            z_init="mixed",
-            train_max_iter=30,
-            eval_max_iter=60,
             stem="grid",
         )
     )
-    config.backward.name = "jacobian_free"
-    config.train.steps = 4_000
-    config.train.batch_size = 32
-    config.train.learning_rate = 2e-3
-    config.train.warmup_steps = 100
-    config.eval.every_steps = 500
-    config.eval.batch_size = 100
-    config.eval.splits = ("test_9", "test_13")
-    config.eval.max_batches = 1
-    config.eval.budget_multipliers = (1, 2, 4)
+    config.deq.update(
+        dict(
+            z_init="mixed", train_max_iter=30, eval_max_iter=60, backward=dict(name="jacobian_free")
+        )
+    )
+    config.train.update(dict(steps=4_000, batch_size=32, learning_rate=2e-3, warmup_steps=100))
+    config.eval.update(
+        dict(
+            every_steps=500,
+            batch_size=100,
+            splits=("test_9", "test_13"),
+            max_batches=1,
+            budget_multipliers=(1, 2, 4),
+        )
+    )
     config.ckpt.every_steps = 500
     config.log.every_steps = 50
     if arg == "smoke":
-        config.task.train_size = 64
-        config.task.train_maze_size = 5
-        config.task.test_maze_sizes = (5, 7)
-        config.task.test_size = 16
-        config.model.width = 8
-        config.model.num_blocks = 1
-        config.model.train_max_iter = 4
-        config.model.eval_max_iter = 8
-        config.backward.ift.max_iter = 4
-        config.train.steps = 4
-        config.train.batch_size = 8
-        config.train.warmup_steps = 1
-        config.eval.every_steps = 2
-        config.eval.batch_size = 16
-        config.eval.splits = ("test_5", "test_7")
-        config.eval.max_batches = 1
-        config.eval.budget_multipliers = (1, 2)
-        config.ckpt.every_steps = 2
-        config.ckpt.keep = 2
-        config.log.every_steps = 2
+        default.smoke(
+            config,
+            steps=4,
+            batch_size=8,
+            warmup_steps=1,
+            eval_every=2,
+            eval_batch_size=16,
+            budgets=(4, 8),
+            task=dict(train_size=64, train_maze_size=5, test_maze_sizes=(5, 7), test_size=16),
+            model=dict(width=8, num_blocks=1),
+            eval=dict(splits=("test_5", "test_7")),
+        )
     return config

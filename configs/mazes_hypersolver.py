@@ -44,5 +44,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         learn_beta=False,
     )
     if not arg:
-        config.neural_solver.max_iter = config.model.eval_max_iter
+        config.neural_solver.max_iter = config.deq.eval_max_iter
     return config

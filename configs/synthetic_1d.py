@@ -47,39 +47,34 @@ def get_config(arg: str | None = None) -> ConfigDict:
             hidden=50,
             recurrent_std=1.0,
             out_std=0.5,
-            z_init="zeros",
-            train_max_iter=30,
-            eval_max_iter=60,
         )
     )
-    config.backward.ift.max_iter = 30
-    config.train.steps = 80_000
-    config.train.batch_size = 128
-    config.train.optimizer = "adam"
-    config.train.learning_rate = 1e-3
-    config.train.warmup_steps = 0
-    config.train.grad_clip_norm = 0.0
-    config.eval.every_steps = 20_000
-    config.eval.batch_size = 500
-    config.eval.budget_multipliers = (1, 2)
-    config.regularizer.jacobian_samples = 4
-    config.regularizer.spectral_every = 100
-    config.regularizer.spectral_iters = 4
+    config.deq.update(dict(train_max_iter=30, eval_max_iter=60))
+    config.train.update(
+        dict(
+            steps=80_000,
+            batch_size=128,
+            optimizer="adam",
+            learning_rate=1e-3,
+            warmup_steps=0,
+            grad_clip_norm=0.0,
+        )
+    )
+    config.eval.update(dict(every_steps=20_000, batch_size=500, budget_multipliers=(1, 2)))
+    config.regularizer.update(dict(jacobian_samples=4, spectral_every=100, spectral_iters=4))
     config.ckpt.every_steps = 20_000
     config.log.every_steps = 100
     if arg == "smoke":
-        config.task.train_size = 256
-        config.task.validation_size = 64
-        config.model.train_max_iter = 6
-        config.model.eval_max_iter = 6
-        config.backward.ift.max_iter = 6
-        config.train.steps = 6
-        config.train.batch_size = 32
-        config.eval.every_steps = 4
-        config.eval.batch_size = 32
-        config.regularizer.jacobian_weight = 1.0
-        config.regularizer.jacobian_freq = 0.5
-        config.regularizer.spectral_every = 2
-        config.ckpt.every_steps = 2
-        config.log.every_steps = 2
+        default.smoke(
+            config,
+            steps=6,
+            batch_size=32,
+            warmup_steps=0,
+            eval_every=4,
+            eval_batch_size=32,
+            budgets=(6, 6),
+            max_batches=0,
+            task=dict(train_size=256, validation_size=64),
+            regularizer=dict(jacobian_weight=1.0, jacobian_freq=0.5, spectral_every=2),
+        )
     return config

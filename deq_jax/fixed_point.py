@@ -25,12 +25,17 @@ def _check_output(f: Callable[..., Any], z0: Any, args: Any) -> None:
         )
 
 
-def _flat_start(
-    f: Callable[..., Any], z0: Any, args: Any, solver: Any, batched: bool | None
-) -> tuple[_flat.Layout, jax.Array]:
-    """Checks a solve's pieces; the state's layout and its flat, detached ``[B, D]`` start."""
+def with_budget(solver: Any, max_iter: int | None) -> Solver:
+    """``solver`` checked, with the call's budget ``max_iter`` (``None``: its own)."""
     if not isinstance(solver, Solver):
         raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
+    return solver if max_iter is None else solver.replace(max_iter=max_iter)
+
+
+def _flat_start(
+    f: Callable[..., Any], z0: Any, args: Any, batched: bool | None
+) -> tuple[_flat.Layout, jax.Array]:
+    """Checks a solve's pieces; the state's layout and its flat, detached ``[B, D]`` start."""
     _check_output(f, z0, args)
     if batched is None:
         batched = _flat.infer_batched(z0)
@@ -45,6 +50,7 @@ def fixed_point(
     *,
     solver: Solver,
     backward: Backward | None = None,
+    max_iter: int | None = None,
     batched: bool | None = None,
     stats_probe: jax.Array | None = None,
 ) -> Solution:
@@ -60,6 +66,9 @@ def fixed_point(
       solver: the forward solver, e.g. ``deq_jax.solvers.anderson(tol=1e-4)``.
       backward: how gradients flow (`deq_jax.backward`); defaults to ``ift()`` with the
         forward solver reused for the backward system.
+      max_iter: the budget of this solve (f-evaluations, the first included); ``None``
+        keeps ``solver.max_iter``. An ``ift()`` without its own solver reuses it
+        backward.
       batched: whether every leaf of ``z0`` has a leading batch axis. ``None`` means
         batched unless a leaf is a scalar. Pass ``False`` for a single vector state.
       stats_probe: an optional `deq_jax.backward.stats_probe()`; its gradient carries
@@ -79,7 +88,8 @@ def fixed_point(
         backward = ift()
     elif not isinstance(backward, Backward):
         raise TypeError(f"backward must be a deq_jax backward mode, got {backward!r}.")
-    layout, z0_flat = _flat_start(f, z0, args, solver, batched)
+    solver = with_budget(solver, max_iter)
+    layout, z0_flat = _flat_start(f, z0, args, batched)
 
     def fn(z_flat, a):
         return _flat.flatten(f(_flat.unflatten(z_flat, layout), a), layout)
@@ -108,6 +118,7 @@ def solve_until_settled(
     solver: Solver,
     readout: Callable[[Any], Any],
     patience: int = 2,
+    max_iter: int | None = None,
     batched: bool | None = None,
 ) -> Solution:
     """Solves ``z = f(z, args)`` like `fixed_point`, also stopping once ``readout`` settles.
@@ -130,6 +141,7 @@ def solve_until_settled(
       readout: ``z -> pytree`` of arrays with the batch axis first (``z`` shaped like
         ``z0``), e.g. a decoder's argmax. Equality is exact, so read out discrete values.
       patience: evaluations in a row with an unchanged readout that stop a sample.
+      max_iter: the budget of this solve; ``None`` keeps ``solver.max_iter``.
       batched: as in `fixed_point`.
 
     Returns:
@@ -139,7 +151,8 @@ def solve_until_settled(
     Raises:
       ValueError: as `fixed_point`, or for a ``patience`` below 1.
     """
-    layout, z0_flat = _flat_start(f, z0, args, solver, batched)
+    solver = with_budget(solver, max_iter)
+    layout, z0_flat = _flat_start(f, z0, args, batched)
     batched = layout.batched
     args = jax.tree_util.tree_map(_detach, args)  # forward only
     fn = lambda z: _flat.flatten(f(_flat.unflatten(z, layout), args), layout)

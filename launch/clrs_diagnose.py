@@ -97,7 +97,7 @@ def diagnose_run(
     run = restore_trained(config, workdir, "to diagnose")
     algorithm = config.task.algorithm
     # one jitted function: splits of one size share its compilation
-    predict = predictor(run, SettleRule.from_config(config.eval))
+    predict = predictor(run, SettleRule.from_config(config.deq))
     report = {}
     for split in tuple(splits) or tuple(run.task.eval_splits):
         arrays = predictions(run, split, config.eval.batch_size, predict)

@@ -153,7 +153,7 @@ def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
         run.task,
         run.mesh,
         config.eval.batch_size,
-        settle=SettleRule.from_config(config.eval),
+        settle=SettleRule.from_config(config.deq),
     )
     out = {}
     for split, metrics in evaluator.evaluate_splits(run.state, run.task.eval_splits).items():

@@ -7,7 +7,7 @@ Usage::
 
 Pass the config (and overrides) the checkpoint was trained with. Without ``--splits``
 every eval split of the task is used; without ``--max_iters`` the budgets are
-``eval.budget_multipliers`` times ``model.train_max_iter``. The table is printed and
+``eval.budget_multipliers`` times ``deq.train_max_iter``. The table is printed and
 written as JSON to ``--output`` (default ``{workdir}/evaluation.json``).
 """
 

@@ -78,9 +78,12 @@ def spectral_history(workdir: str) -> list[tuple[int, float]]:
 def convergence_trace(run: Any, split: str, max_iter: int) -> np.ndarray:
     """Mean relative residual after each of ``max_iter`` evaluations over ``split``.
 
-    The solver's tolerance is set to 1e-30, so every sample runs the whole budget.
+    The solver runs its whole budget (``full_budget``) on every sample.
     """
-    model = run.model.clone(solver=run.model.solver.replace(tol=1e-30, stop_mode="rel"))
+    spec = run.model.deq
+    model = run.model.clone(
+        deq=spec.replace(solver=spec.solver.replace(full_budget=True, stop_mode="rel"))
+    )
     inputs = jnp.asarray(run.task.arrays(split)["inputs"])  # [N, 1]
     apply = jax.jit(lambda v, x: model.apply(v, x, train=False, max_iter=max_iter)[1].trace)
     return np.asarray(jnp.mean(apply(run.state.variables(), inputs), axis=0))  # [max_iter]
@@ -88,7 +91,7 @@ def convergence_trace(run: Any, split: str, max_iter: int) -> np.ndarray:
 
 def synthetic_surface(run: Any, z_grid: np.ndarray) -> dict[str, list[float]]:
     """``f(z; x) - z`` of the learned cell over ``z_grid`` for each ``x`` in `SURFACE_XS`."""
-    from deq_jax.nn.models import ScalarReLUCell
+    from deq_jax.models.synthetic import ScalarReLUCell
 
     cell = ScalarReLUCell(run.model.hidden)
     variables = {"params": run.state.params["cell"]}
@@ -107,7 +110,7 @@ def step_time(run: Any, config: Any, steps: int) -> dict[str, float]:
     """
     from deq_jax.training import JacobianRegularizer, make_train_step, sharding
     from deq_jax.training.evaluate import device_batch
-    from deq_jax.training.steps import is_regression
+    from deq_jax.training.metrics import is_regression
 
     batch = device_batch(next(run.task.train_iterator(config.train.batch_size, seed=0)), run.mesh)
     section = config.regularizer.to_dict()

@@ -3,7 +3,7 @@
 Usage::
 
     python -m launch.main --config configs/prefix_sum.py --workdir /tmp/ps \\
-        [--config.train.steps=2000 --config.solver.name=broyden ...]
+        [--config.train.steps=2000 --config.deq.solver.name=broyden ...]
 
 Only ``--config`` (an `ml_collections` config file, locked: an override can change a
 field but not add one) and ``--workdir`` are flags; everything else is a config field.
@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
+
+from deq_jax.training.build import renamed_key
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -81,6 +83,13 @@ def check_overrides(config: ConfigDict, keys: Sequence[str]) -> None:
     for key in keys:
         node, seen = config, "config"
         for part in key.split("."):
+            moved = renamed_key(key)
+            if moved and (not isinstance(node, ConfigDict) or part not in node):
+                raise UnknownOverrideError(
+                    f"--config.{key} has moved to --config.{moved}: everything a DEQ solves "
+                    "with (solver, backward mode, z_init, budgets, settle rule) lives in "
+                    "config.deq."
+                )
             if not isinstance(node, ConfigDict) or part not in node:
                 valid = ", ".join(sorted(node.keys())) if isinstance(node, ConfigDict) else ""
                 what = f"Valid fields of {seen}: {valid}." if valid else f"{seen} is not a section."

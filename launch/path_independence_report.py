@@ -20,7 +20,7 @@ al. (2022):
 
 Variants: ``path_independent`` is the task config as it is (mixed initialisation and a
 solver with Jacobian-free or implicit gradients); ``path_dependent`` trains by "unroll +
-backprop" from zeros with a fixed depth (fixed-point iteration, ``tol = 1e-30``, the
+backprop" from zeros with a fixed depth (fixed-point iteration, ``full_budget``, the
 ``unrolled`` backward mode), the setting the paper contrasts.
 
 Usage::
@@ -97,22 +97,22 @@ BUDGET_MULTIPLIERS = (0.5, 1, 2, 4, 8)
 # transient; at depth 10, or 15 with or without layer norm, the prefix-sum map trained
 # this way is path independent anyway (see BUILD_NOTES.md).
 PATH_DEPENDENT = {
-    "model.z_init": "zeros",
+    "deq.z_init": "zeros",
     "model.norm": "",
-    "solver.name": "fixed_point_iteration",
-    "solver.tol": 1e-30,
-    "backward.name": "unrolled",
-    "model.train_max_iter": 8,
+    "deq.solver.name": "fixed_point_iteration",
+    "deq.solver.full_budget": True,
+    "deq.backward.name": "unrolled",
+    "deq.train_max_iter": 8,
 }
 # The sweep for Figure 4: interventions and normalisation on and off, so AA spreads out.
-_FIXED_DEPTH = {"solver.name": "fixed_point_iteration", "solver.tol": 1e-30}
+_FIXED_DEPTH = {"deq.solver.name": "fixed_point_iteration", "deq.solver.full_budget": True}
 SWEEP = (
     {**PATH_DEPENDENT, "model.norm": "layer"},
-    {"model.norm": "", "model.z_init": "mixed"},
-    {"model.norm": "", "model.z_init": "zeros"},
-    {"model.norm": "", "model.z_init": "zeros", "model.train_max_iter": 15, **_FIXED_DEPTH},
+    {"model.norm": "", "deq.z_init": "mixed"},
+    {"model.norm": "", "deq.z_init": "zeros"},
+    {"model.norm": "", "deq.z_init": "zeros", "deq.train_max_iter": 15, **_FIXED_DEPTH},
     {"path_independence.budget_max": 40, "path_independence.budget_min": 10},
-    {"model.z_init": "normal", "path_independence.alignment_weight": 1.0},
+    {"deq.z_init": "normal", "path_independence.alignment_weight": 1.0},
 )
 
 
@@ -122,13 +122,16 @@ def task_config(task: str, overrides: dict[str, Any], smoke: bool = False) -> An
     module = importlib.import_module(f"configs.{spec['config']}")
     config = module.get_config("smoke" if smoke else None)
     for key, value in {**spec["overrides"], **overrides}.items():
-        section, field = key.split(".")
-        config[section][field] = value
+        *sections, field = key.split(".")
+        node = config
+        for section in sections:
+            node = node[section]
+        node[field] = value
     return config
 
 
 def _budgets(config: Any) -> list[int]:
-    base = config.model.train_max_iter
+    base = config.deq.train_max_iter
     return sorted({max(1, int(round(m * base))) for m in BUDGET_MULTIPLIERS})
 
 
@@ -213,7 +216,7 @@ def analyse_run(
         max_iter=top,
         rngs={"z0": jax.random.fold_in(key, 98)},
         model_kwargs=kwargs,
-        steps=config.model.train_max_iter,
+        steps=config.deq.train_max_iter,
         restarts=2,
         lbfgs_iters=10,
     )

@@ -7,7 +7,7 @@ trained ``K`` steps, and the ablations (no initialiser, initialiser only with An
 least-squares alpha with learned beta) -- and measures on the same eval
 batches: the wall time per batch (median over ``--repeats`` timed calls after
 compilation, the solvers interleaved so they share the machine's load), the relative
-residual and the task metric. Every solve runs its whole budget (``tol=1e-30``). Writes
+residual and the task metric. Every solve runs its whole budget (``full_budget``). Writes
 ``solver_pareto.json`` (with a summary: the time each solver needs to reach a relative
 residual of 1e-3 and Anderson's best metric, and the neural solver's speed-up) and
 ``solver_pareto.png`` (the paper's Figure 4: metric and residual against time; Figure
@@ -36,8 +36,6 @@ from launch import main as launch_main
 
 DEFAULT_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 RESIDUAL_GOAL = 1e-3
-# A tolerance no solve reaches: every solve runs its whole budget.
-NEVER = 1e-30
 # The metric a solver must reach: Anderson's best, less this margin.
 METRIC_MARGIN = 0.005
 REPORT_FILE = "solver_pareto.json"
@@ -94,7 +92,7 @@ def sweep(
     hyper: Any, split: str, budgets: Sequence[int], repeats: int, max_batches: int, batch_size: int
 ) -> dict[str, list[dict[str, float]]]:
     """``{solver: [row per budget]}`` with time, residual, metric and nstep per row."""
-    from deq_jax.training import evaluate, steps
+    from deq_jax.training import evaluate, metrics, steps
 
     deq, frozen = hyper.deq, hyper.frozen
     task, mesh, state = deq.task, deq.mesh, deq.state
@@ -104,17 +102,17 @@ def sweep(
     calls = {}
     for name, (solver, z_init) in solver_lineup(hyper).items():
         for budget in budgets:
-            model = frozen.with_solver(solver.replace(tol=NEVER, max_iter=budget), z_init)
+            model = frozen.with_solver(solver.replace(full_budget=True, max_iter=budget), z_init)
             calls[name, budget] = steps.make_eval_step(
                 model,
                 task.metrics,
                 mesh,
                 budget,
-                regression=steps.is_regression(task),
+                regression=metrics.is_regression(task),
                 extras=extras,
             )
     results = {
-        key: steps.combine(jax.device_get([fn(state, b) for b in batches]))
+        key: metrics.combine(jax.device_get([fn(state, b) for b in batches]))
         for key, fn in calls.items()
     }
     times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
@@ -122,8 +120,8 @@ def sweep(
         for key, fn in calls.items():
             times[key].append(_timed(lambda fn=fn: fn(state, batches[0])))
     table: dict[str, list[dict[str, float]]] = {}
-    for (name, budget), metrics in results.items():
-        row = {k: float(v) for k, v in metrics.items()}
+    for (name, budget), values in results.items():
+        row = {k: float(v) for k, v in values.items()}
         row.update(budget=budget, seconds=float(np.median(times[name, budget])))
         table.setdefault(name, []).append(row)
     return table
@@ -139,7 +137,7 @@ def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> 
     curves = {}
     for name, (solver, z_init) in solver_lineup(hyper).items():
         model = hyper.frozen.with_solver(
-            solver.replace(tol=NEVER, max_iter=steps_max, stop_mode="rel"), z_init
+            solver.replace(full_budget=True, max_iter=steps_max, stop_mode="rel"), z_init
         )
         call = jax.jit(
             lambda v, x, e, model=model: deq_call(model, v, x, max_iter=steps_max, **e).stats.trace

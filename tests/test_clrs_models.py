@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deq_jax.nn import models
+from deq_jax import models
+from deq_jax.nn import DEQSpec
 from deq_jax.nn.clrs_codec import (
     FeatureDecoder,
     FeatureSpec,
@@ -26,6 +27,8 @@ from deq_jax.nn.clrs_processors import (
     max_reduce,
     min_update,
 )
+from deq_jax.nn.deq import with_terms
+from deq_jax.regularizers import JacobianTerm, SpectralHinge, SpectralRadius
 from deq_jax.solvers.anderson import anderson
 from deq_jax.tasks import clrs
 
@@ -63,8 +66,10 @@ def task_batch(algorithm="bellman_ford", split="train", n=6, size=8):
 
 
 def clrs_model(algorithm="bellman_ford", **kw):
-    kw = {"hidden": H, "solver": anderson(tol=1e-4, max_iter=12), "train_max_iter": 12} | kw
-    return ClrsModel(spec=clrs.model_spec(algorithm), **kw)
+    deq = {"solver": anderson(tol=1e-4, max_iter=12), "train_max_iter": 12}
+    deq |= {k: kw.pop(k) for k in ("solver", "backward", "z_init", "eval_max_iter") if k in kw}
+    kw = {"hidden": H} | kw
+    return ClrsModel(spec=clrs.model_spec(algorithm), deq=DEQSpec(**deq), **kw)
 
 
 def init(model, n=6):
@@ -472,26 +477,27 @@ def test_random_pos_draws_sorted_positions_in_training_only():
 def test_jacobian_terms_per_mode():
     _, adj, _, extras = task_batch()
     rngs = {**RNGS, "jacobian": KEY}
-    model = clrs_model(mode="hint_propagation")  # the DEQ mode's come from `deq_jax.nn.DEQ`
+    terms = (JacobianTerm(samples=1), SpectralRadius(iters=3), SpectralHinge(iters=2))
+    # the DEQ mode's come from `deq_jax.nn.DEQ`
+    model = with_terms(clrs_model(mode="hint_propagation"), terms)
     _, state = model.apply(
-        init(model), adj, train=True, rngs=rngs, mutable=["intermediates"],
-        jacobian_samples=1, spectral_iters=3, spectral_penalty_iters=2, **extras,
+        init(model), adj, train=True, rngs=rngs, mutable=["intermediates"], **extras,
     )  # fmt: skip
     terms = state["intermediates"]
     assert terms["jacobian_term"][0].shape == terms["spectral_radius"][0].shape == (8,)
     assert terms["spectral_estimate"][0].shape == (8,)
     assert np.all(terms["jacobian_term"][0] > 0) and np.all(terms["spectral_estimate"][0] > 0)
-    model = clrs_model(mode="deq")
+    model = with_terms(clrs_model(mode="deq"), (SpectralHinge(iters=2),))
     _, state = model.apply(
-        init(model), adj, train=True, rngs=rngs, mutable=["intermediates"],
-        spectral_penalty_iters=2, **extras,
+        init(model), adj, train=True, rngs=rngs, mutable=["intermediates"], **extras,
     )  # fmt: skip
     assert list(state["intermediates"]) == ["deq"]  # sown by the DEQ it solves with
     assert state["intermediates"]["deq"]["spectral_estimate"][0].shape == (8,)
-    model = clrs_model(mode="fixed_steps")
-    for option in ("jacobian_samples", "spectral_penalty_iters"):
+    plain = clrs_model(mode="fixed_steps")
+    for term in (JacobianTerm(), SpectralHinge()):
+        model = with_terms(plain, (term,))
         with pytest.raises(ValueError, match="fixed point"):
-            model.apply(init(model), adj, train=True, rngs=rngs, **{option: 1}, **extras)
+            model.apply(init(plain), adj, train=True, rngs=rngs, **extras)
 
 
 def test_edge_state_model_solves_the_pair_with_finite_gradients():

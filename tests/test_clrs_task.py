@@ -62,7 +62,7 @@ def test_all_edges_score_counts_every_edge_as_predicted():
 
 
 def test_loss_is_the_plain_cross_entropy_with_non_tree_edges_weighted():
-    from deq_jax.training.steps import classification_loss
+    from deq_jax.training.metrics import classification_loss
 
     rng = np.random.default_rng(0)
     n = 4
@@ -98,7 +98,7 @@ def test_loss_is_the_plain_cross_entropy_with_non_tree_edges_weighted():
 
 
 def test_prim_loss_weighs_the_parents_the_lightest_neighbour_rule_misses():
-    from deq_jax.training.steps import classification_loss
+    from deq_jax.training.metrics import classification_loss
 
     config = clrs.ClrsConfig("mst_prim", eval_size=4, test_nodes=(12,))
     arrays = clrs.ClrsTask(config).source("val")
@@ -297,8 +297,8 @@ def test_configs_are_documented(algorithm):
     # MST-Prim's training weights are raised to a power in [1, 4] (the tree stays).
     assert config.task.weight_power == (4.0 if algorithm == "mst_prim" else 1.0)
     # The eval solve also stops once the answer settles (3 steps; Prim's pauses: 6).
-    assert config.eval.settle_patience == (6 if algorithm == "mst_prim" else 3)
-    assert config.eval.settle_tol == 1e-6  # ... and the answer, not the residual, decides
+    assert config.deq.settle_patience == (6 if algorithm == "mst_prim" else 3)
+    assert config.deq.settle_tol == 1e-6  # ... and the answer, not the residual, decides
     tasks.get(**{**config.task.to_dict(), "data_dir": ""})  # the task accepts the section
     large = module.get_config("large")  # Bellman-Ford's goal recipe: 98.3 / 99.0 at 64
     assert (large.model.hidden, large.train.steps) == (128, 6000)
@@ -334,7 +334,7 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
     if mode == "hint_propagation":  # output-preserving extra edges through the loop
         config.task.extra_edge_rate = 1.0
     if algorithm == "mst_prim":  # its step profile replays the residual-stop solves
-        config.eval.settle_patience = 0
+        config.deq.settle_patience = 0
     result = train_and_evaluate(config, str(tmp_path), emit=lambda s: None)
     assert result.step == config.train.steps
     assert str(config.train.steps) in os.listdir(tmp_path / "checkpoints")
@@ -352,7 +352,7 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
 
         lines = []
         profile = clrs_steps.profile_run(config, str(tmp_path), ["val", "test_9"], lines.append)
-        budget = config.model.eval_max_iter
+        budget = config.deq.eval_max_iter
         for split, nodes in (("val", 6), ("test_9", 9)):
             steps = profile[split]
             assert steps["nodes"] == nodes and steps["budget"] == budget

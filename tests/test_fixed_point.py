@@ -57,3 +57,38 @@ def test_unbatched_vector_state():
     assert sol.stats.nstep.shape == ()
     assert sol.stats.trace.shape == (50,)
     assert jnp.allclose(sol.value, 2.0, atol=1e-5)
+
+
+def test_budget_given_at_the_call():
+    """``max_iter=`` at the call overrides the solver's own budget, forward and backward."""
+    import jax
+
+    w, x = tanh_problem(jax.random.PRNGKey(0))
+    solver = solvers.anderson(tol=1e-12, max_iter=50)
+    at_call = dj.fixed_point(tanh_cell, x, (w, x), solver=solver, max_iter=4)
+    in_solver = dj.fixed_point(tanh_cell, x, (w, x), solver=solver.replace(max_iter=4))
+    assert at_call.stats.trace.shape[-1] == 4 and int(at_call.stats.nstep.max()) == 4
+    assert jnp.array_equal(at_call.value, in_solver.value)
+    grad = lambda **kw: jax.grad(
+        lambda w_: dj.fixed_point(tanh_cell, x, (w_, x), **kw).value.sum()
+    )(w)
+    assert jnp.array_equal(grad(solver=solver, max_iter=4), grad(solver=solver.replace(max_iter=4)))
+
+
+def test_full_budget_runs_every_sample_to_the_budget():
+    """``full_budget=True`` ignores ``tol`` for stopping (a fixed depth) and returns what
+    the old "tolerance no sample reaches" idiom did (which stopped a sample only once
+    its residual was exactly 0); ``tol`` still decides ``converged``."""
+    import jax
+
+    w, x = tanh_problem(jax.random.PRNGKey(0))
+    full = solvers.fixed_point_iteration(tol=1e-3, max_iter=30, full_budget=True)
+    sol = dj.fixed_point(tanh_cell, x, (w, x), solver=full)
+    never = dj.fixed_point(tanh_cell, x, (w, x), solver=full.replace(tol=1e-30, full_budget=False))
+    early = dj.fixed_point(tanh_cell, x, (w, x), solver=full.replace(full_budget=False))
+    assert jnp.all(sol.stats.nstep == 30)
+    assert int(early.stats.nstep.max()) < 30  # the same tol stops early without it
+    assert jnp.array_equal(sol.value, never.value)
+    assert jnp.array_equal(sol.stats.converged, sol.stats.rel_residual <= 1e-3)
+    short = dj.fixed_point(tanh_cell, x, (w, x), solver=full.replace(max_iter=2))
+    assert not jnp.any(short.stats.converged) and jnp.all(short.stats.nstep == 2)

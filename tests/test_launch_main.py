@@ -30,7 +30,7 @@ def test_override_keys_of_every_flag_form():
         "--config",
         "c.py",
         "--config.train.steps=3",
-        "--config.solver.name",
+        "--config.deq.solver.name",
         "broyden",
         "--noconfig.train.distributed",
         "-config.model.width=8",
@@ -38,7 +38,7 @@ def test_override_keys_of_every_flag_form():
     ]
     assert launch_main.override_keys(argv) == [
         "train.steps",
-        "solver.name",
+        "deq.solver.name",
         "train.distributed",
         "model.width",
     ]
@@ -55,7 +55,8 @@ def test_load_config_file_with_argument():
 
 def test_known_overrides_pass():
     launch_main.check_overrides(
-        prefix_sum.get_config(), ["train.steps", "solver.anderson.m", "backward.ift.solver"]
+        prefix_sum.get_config(),
+        ["train.steps", "deq.solver.anderson.m", "deq.backward.ift.solver", "deq.z_init"],
     )
 
 
@@ -66,8 +67,14 @@ def test_known_overrides_pass():
             "train.stepz",
             "config.train has no field 'stepz'. Valid fields of config.train: b1, b2, batch_size,",
         ),
-        ("trainz.steps", "config has no field 'trainz'. Valid fields of config: backward, ckpt,"),
-        ("solver.anderson.mm", "Valid fields of config.solver.anderson: beta, lam, m."),
+        ("trainz.steps", "config has no field 'trainz'. Valid fields of config: ckpt, deq, eval,"),
+        ("deq.solver.anderson.mm", "Valid fields of config.deq.solver.anderson: beta, lam, m."),
+        (
+            "solver.anderson.m",
+            "--config.solver.anderson.m has moved to --config.deq.solver.anderson.m",
+        ),
+        ("model.z_init", "--config.model.z_init has moved to --config.deq.z_init"),
+        ("eval.settle_tol", "--config.eval.settle_tol has moved to --config.deq.settle_tol"),
         ("train.steps.x", "config.train.steps is not a section."),
     ],
 )
@@ -108,7 +115,7 @@ def test_train_then_evaluate_commands(tmp_path):
         workdir,
         f"--config.task.data_dir={tmp_path / 'data'}",
     ]
-    proc = _cli("launch.main", *common, "--config.solver.name=broyden")
+    proc = _cli("launch.main", *common, "--config.deq.solver.name=broyden")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 6/6" in proc.stdout and "Per-length accuracy" in proc.stdout
     for name in ("metrics.jsonl", "length_generalization.json", "config.json"):
@@ -116,7 +123,7 @@ def test_train_then_evaluate_commands(tmp_path):
     proc = _cli(
         "launch.evaluate",
         *common,
-        "--config.solver.name=broyden",
+        "--config.deq.solver.name=broyden",
         "--splits=test_32",
         "--max_iters=3,12",
     )

@@ -31,12 +31,12 @@ def test_model_changes_are_named_and_length_changes_allowed(tmp_path):
 
     other = prefix_sum.get_config()
     other.model.norm = ""
-    other.solver.name = "fixed_point_iteration"
+    other.deq.solver.name = "fixed_point_iteration"
     with open(tmp_path / "config.json") as f:
         diffs = runs.config_differences(json.load(f), other)
     assert diffs == [
+        "deq.solver.name: 'anderson' -> 'fixed_point_iteration'",
         "model.norm: 'layer' -> ''",
-        "solver.name: 'anderson' -> 'fixed_point_iteration'",
     ]
     with pytest.raises(runs.RunConfigMismatchError, match="model.norm: 'layer' -> ''"):
         runs.trained_run(other, str(tmp_path))

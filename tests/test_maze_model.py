@@ -12,10 +12,10 @@ import pytest
 
 from configs import mazes as maze_config
 from configs import mazes_hypersolver
-from deq_jax import backward, solvers
+from deq_jax import backward, models, solvers
+from deq_jax.models.mazes import MazeDEQ
 from deq_jax.neural_solver.run import train_hypersolver
-from deq_jax.nn import models
-from deq_jax.nn.maze_model import MazeDEQ
+from deq_jax.nn import DEQSpec
 from deq_jax.tasks.mazes import MazeConfig, image_size, load
 from deq_jax.training import train_and_evaluate, writers
 
@@ -36,11 +36,14 @@ def _model(**fields) -> MazeDEQ:
     fields = {
         "width": WIDTH,
         "num_blocks": 1,
-        "solver": solvers.anderson(tol=1e-3, max_iter=6),
-        "backward": backward.jacobian_free(),
         **fields,
     }
-    return models.get("maze_deq", **fields)
+    spec = {k: fields.pop(k) for k in ("solver", "backward", "z_init") if k in fields}
+    spec = {
+        "solver": solvers.anderson(tol=1e-3, max_iter=6),
+        "backward": backward.jacobian_free(),
+    } | spec
+    return models.get("maze_deq", deq=DEQSpec(**spec), **fields)
 
 
 def test_registered_by_name():
@@ -173,7 +176,7 @@ def test_config_sections_and_commands():
     full, smoke = maze_config.get_config(), maze_config.get_config("smoke")
     assert full.task.name == "mazes" and full.model.name == "maze_deq"
     assert full.task.train_maze_size == 9 and 13 in full.task.test_maze_sizes
-    assert full.model.z_init == "mixed" and full.backward.name == "jacobian_free"
+    assert full.deq.z_init == "mixed" and full.deq.backward.name == "jacobian_free"
     assert full.model.stem == "grid" and smoke.model.stem == "grid"
     assert smoke.train.steps < full.train.steps and smoke.model.width < full.model.width
     assert smoke.ckpt.every_steps <= smoke.train.steps
@@ -196,7 +199,7 @@ def test_smoke_config_runs_end_to_end(tmp_path):
     assert train and all(np.isfinite(train[-1][k]) for k in ("loss", "grad_norm", "nstep_mean"))
     with open(os.path.join(workdir, "length_generalization.json")) as f:
         report = json.load(f)
-    base = config.model.train_max_iter
+    base = config.deq.train_max_iter
     assert report["budgets"] == {f"{m}x": m * base for m in config.eval.budget_multipliers}
     splits = {f"test_{s}" for s in config.task.test_maze_sizes}
     for by_split in report["report"].values():
@@ -217,5 +220,5 @@ def test_smoke_config_runs_end_to_end(tmp_path):
     assert any(line.strip().startswith(f"fit step {steps}/{steps}") for line in lines)
     assert (
         mazes_hypersolver.get_config().neural_solver.max_iter
-        == maze_config.get_config().model.eval_max_iter
+        == maze_config.get_config().deq.eval_max_iter
     )

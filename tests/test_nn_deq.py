@@ -29,7 +29,7 @@ def test_mlp_deq_shapes_and_parameter_count():
     assert z.shape == (4, 8) and z.dtype == jnp.float32
     assert isinstance(stats, dj.SolverStats)
     assert stats.nstep.shape == (4,)
-    assert stats.trace.shape == (4, model.solver.max_iter)
+    assert stats.trace.shape == (4, model.spec.solver.max_iter)
 
 
 @pytest.mark.parametrize("jit", [False, True])

@@ -23,10 +23,10 @@ def test_spearman_matches_scipy_with_ties():
 
 def test_task_config_applies_overrides():
     config = report.task_config("prefix_sum", dict(report.PATH_DEPENDENT), smoke=True)
-    assert config.model.z_init == "zeros" and config.backward.name == "unrolled"
-    assert config.solver.name == "fixed_point_iteration"
+    assert config.deq.z_init == "zeros" and config.deq.backward.name == "unrolled"
+    assert config.deq.solver.name == "fixed_point_iteration"
     assert tuple(config.task.test_lengths) == (32, 64, 128)
-    assert config.model.train_max_iter == 8 and config.model.norm == ""
+    assert config.deq.train_max_iter == 8 and config.model.norm == ""
     assert report._budgets(config) == [4, 8, 16, 32, 64]
 
 

@@ -8,6 +8,7 @@ import pytest
 from configs import prefix_sum
 from deq_jax import analysis, solvers
 from deq_jax.nn import DEQ, MLPCell
+from deq_jax.regularizers import Alignment
 from deq_jax.training import PathIndependence, build, train_and_evaluate
 from deq_jax.training.writers import read_metrics
 
@@ -53,7 +54,11 @@ def test_problem_reproduces_the_forward_solve():
 
 
 def test_alignment_term_is_sown_and_differentiable():
-    model = DEQ(MLPCell(features=4), solver=solvers.anderson(tol=1e-5, max_iter=40))
+    model = DEQ(
+        MLPCell(features=4),
+        solver=solvers.anderson(tol=1e-5, max_iter=40),
+        terms=(Alignment(),),
+    )
     x = jax.random.normal(jax.random.key(0), (5, 3))
     variables = model.init(jax.random.key(1), x, train=False)
 
@@ -62,7 +67,6 @@ def test_alignment_term_is_sown_and_differentiable():
             {"params": params},
             x,
             train=True,
-            alignment=True,
             rngs={"z0": jax.random.key(2)},
             mutable=["intermediates"],
         )
@@ -76,15 +80,14 @@ def test_alignment_term_is_sown_and_differentiable():
     grads = jax.grad(lambda p: penalty(p).sum())(variables["params"])
     assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
     with pytest.raises(ValueError, match="'z0' rng"):
-        model.apply(variables, x, train=True, alignment=True)
+        model.apply(variables, x, train=True, mutable=["intermediates"])
 
 
 @pytest.fixture(scope="module")
 def smoke_model():
     config = prefix_sum.get_config("smoke")
-    config.model.z_init = "mixed"
-    solver = build.build_solver(config.solver)
-    model = build.build_model(config.model, solver, build.build_backward(config.backward))
+    config.deq.z_init = "mixed"
+    model = build.build_model(config.model, build.build_deq_spec(config.deq))
     x = jax.random.bernoulli(jax.random.key(0), 0.5, (6, 16, 1)).astype(jnp.float32)
     variables = model.init({"params": jax.random.key(1), "z0": jax.random.key(2)}, x, train=False)
     return model, variables, x
@@ -126,7 +129,7 @@ def test_model_adversarial_aa_reads_out_attacked_fixed_points(smoke_model):
 
 def test_train_with_random_budget_and_alignment(tmp_path):
     config = prefix_sum.get_config("smoke")
-    config.model.z_init = "normal"
+    config.deq.z_init = "normal"
     config.path_independence.budget_min = 2
     config.path_independence.budget_max = 6
     config.path_independence.budget_choices = 3

@@ -10,14 +10,15 @@ import pytest
 
 from configs import blurry_digits, edge_copy, matrix_inversion
 from deq_jax import backward as backward_lib
-from deq_jax.nn import models
-from deq_jax.nn.reasoning_models import (
+from deq_jax import models
+from deq_jax.models.reasoning import (
     EdgeCell,
     EdgeCopyDEQ,
     MatrixInversionDEQ,
     complete_graph,
     edge_neighbourhood,
 )
+from deq_jax.nn import DEQSpec
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.fixed_point_iteration import fixed_point_iteration
 from deq_jax.tasks.edge_copy import symmetric_from_upper
@@ -36,8 +37,9 @@ def random_graphs(seed, batch, nodes, features=1, p=0.4):
 
 
 def edge_model(**kw):
-    kw = {"width": 8, "hidden": 16, "solver": anderson(tol=1e-4, max_iter=30)} | kw
-    return EdgeCopyDEQ(**kw)
+    spec = {k: kw.pop(k) for k in ("solver", "backward", "z_init") if k in kw}
+    spec = {"solver": anderson(tol=1e-4, max_iter=30)} | spec
+    return EdgeCopyDEQ(**({"width": 8, "hidden": 16, "deq": DEQSpec(**spec)} | kw))
 
 
 def n_params(variables):
@@ -129,7 +131,9 @@ def test_edge_cell_output_is_masked_and_shaped():
 
 def test_matrix_model_shapes_and_parameter_count():
     x = jax.random.normal(KEY, (4, 5, 5))
-    model = MatrixInversionDEQ(width=8, hidden=16, solver=anderson(tol=1e-4, max_iter=30))
+    model = MatrixInversionDEQ(
+        width=8, hidden=16, deq=DEQSpec(solver=anderson(tol=1e-4, max_iter=30))
+    )
     variables = jax.jit(lambda: model.init(RNGS, x, train=False))()
     # project 25*8+8; cell inject 8*16, hidden 8*16+16, out 16*8+8; head 8*25+25.
     assert n_params(variables) == 208 + (128 + 144 + 136) + 225
@@ -146,7 +150,9 @@ def test_gradients_are_finite_and_reach_every_parameter(which, edge_variables):
         inputs, adj = random_graphs(6, 3, 6, features=2)
         extra, params = {"adjacency": adj}, edge_variables["params"]
     else:
-        model = MatrixInversionDEQ(width=8, hidden=16, backward=backward_lib.get("ift"))
+        model = MatrixInversionDEQ(
+            width=8, hidden=16, deq=DEQSpec(backward=backward_lib.get("ift"))
+        )
         inputs, extra = jax.random.normal(KEY, (3, 4, 4)), {}
         params = jax.jit(lambda: model.init(RNGS, inputs, train=False))()["params"]
 

@@ -99,10 +99,9 @@ def test_errors():
 @pytest.fixture(scope="module")
 def smoke_model():
     config = prefix_sum.get_config("smoke")
-    config.model.z_init = "mixed"
-    config.solver.tol = 1e-6
-    solver = build.build_solver(config.solver)
-    model = build.build_model(config.model, solver, build.build_backward(config.backward))
+    config.deq.z_init = "mixed"
+    config.deq.solver.tol = 1e-6
+    model = build.build_model(config.model, build.build_deq_spec(config.deq))
     x = jax.random.bernoulli(jax.random.key(0), 0.5, (8, 16, 1)).astype(jnp.float32)
     variables = model.init({"params": jax.random.key(1), "z0": jax.random.key(2)}, x, train=False)
     return model, variables, x
@@ -187,7 +186,7 @@ def test_evaluator_with_settle_patience(tmp_path):
     from deq_jax.training import Evaluator, SettleRule, make_eval_step, setup
 
     config = prefix_sum.get_config("smoke")
-    config.solver.tol = 1e-6  # the residual stop alone runs to the budget
+    config.deq.solver.tol = 1e-6  # the residual stop alone runs to the budget
     run = setup(config, str(tmp_path))
     run.checkpointer.close()
     split = run.task.eval_splits[0]
@@ -212,12 +211,12 @@ def test_training_evaluates_with_the_configured_patience(tmp_path):
     from deq_jax.training import Evaluator, SettleRule, restore_trained, train_and_evaluate
 
     config = prefix_sum.get_config("smoke")
-    config.solver.tol = 1e-6
-    config.eval.settle_patience = 1
+    config.deq.solver.tol = 1e-6
+    config.deq.settle_patience = 1
     result = train_and_evaluate(config, str(tmp_path), emit=lambda line: None)
     run = restore_trained(config, str(tmp_path), "to check")
     split = run.task.eval_splits[0]
-    budget = config.model.train_max_iter
+    budget = config.deq.train_max_iter
     for patience in (0, 1):
         metrics = Evaluator(
             run.model, run.task, run.mesh, config.eval.batch_size, settle=SettleRule(patience)

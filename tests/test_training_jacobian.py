@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from configs import default, digits, synthetic_1d
-from deq_jax.nn import DEQ, MLPCell, models
+from deq_jax import models
+from deq_jax.nn import DEQ, DEQSpec, MLPCell
+from deq_jax.regularizers import Alignment, JacobianTerm, SpectralHinge, SpectralRadius
 from deq_jax.training import (
     JacobianRegularizer,
     make_spectral_step,
@@ -21,7 +23,7 @@ from deq_jax.training import (
     writers,
 )
 from deq_jax.training.evaluate import device_batch
-from deq_jax.training.steps import is_regression
+from deq_jax.training.metrics import is_regression
 from launch import jacobian_plots, jacobian_report
 
 quiet = lambda line: None
@@ -64,18 +66,41 @@ def test_default_config_has_the_regularizer_off():
 
 
 def test_spectral_hinge():
-    reg = JacobianRegularizer(spectral_weight=1.0, spectral_target=0.9)
-    got = reg.spectral_penalty(jnp.array([0.5, 0.9, 1.2]))
-    np.testing.assert_allclose(got, [0, 0, 0.09], rtol=1e-5, atol=1e-7)
+    reg = JacobianRegularizer(spectral_weight=1.0, spectral_target=0.9, spectral_penalty_iters=4)
+    (hinge,) = reg.spectral_terms()
+    assert hinge == SpectralHinge(iters=4, target=0.9, weight=1.0)
+    assert JacobianRegularizer().spectral_terms() == ()
+    # On f(z) = A z with A = diag(rho): the estimate is rho, the hinge (rho - 0.9)^2.
+    rho = jnp.array([0.5, 0.9, 1.2])
+    f = lambda z, a: z * a[:, None]
+    z = jnp.ones((3, 4))
+    got = hinge(f, z, rho, jax.random.key(0), resolve=None)
+    np.testing.assert_allclose(got["spectral_estimate"], rho, rtol=1e-5)
+    np.testing.assert_allclose(got["spectral_hinge"], [0, 0, 0.09], rtol=1e-4, atol=1e-7)
 
 
 def test_linear_weight_schedule():
     reg = JacobianRegularizer(
         jacobian_weight=4.0, jacobian_weight_start=1.0, jacobian_weight_steps=10
     )
-    got = [float(reg.weight(jnp.asarray(t))) for t in (0, 5, 10, 20)]
+    term = reg.jacobian_term()
+    assert term == JacobianTerm(samples=1, weight=4.0, weight_start=1.0, weight_steps=10)
+    got = [float(term.weight_at(jnp.asarray(t))) for t in (0, 5, 10, 20)]
     np.testing.assert_allclose(got, [1.0, 2.5, 4.0, 4.0])
-    assert float(JacobianRegularizer(jacobian_weight=2.0).weight(jnp.asarray(0))) == 2.0
+    constant = JacobianRegularizer(jacobian_weight=2.0).jacobian_term()
+    assert float(constant.weight_at(jnp.asarray(0))) == 2.0
+    assert JacobianRegularizer().jacobian_term() is None
+
+
+def test_terms_are_checked():
+    with pytest.raises(ValueError, match="share a name"):
+        DEQSpec(terms=(JacobianTerm(), JacobianTerm(samples=2)))
+    with pytest.raises(TypeError, match="Term objects"):
+        DEQSpec(terms=("jacobian",))
+    with pytest.raises(ValueError, match="weight must be 0"):
+        SpectralRadius(weight=1.0)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Alignment(weight=-1.0)
 
 
 def test_regression_loss_ignores_padding():
@@ -86,7 +111,8 @@ def test_regression_loss_ignores_padding():
 
 
 def test_deq_sows_the_jacobian_term_and_spectral_radius():
-    model = DEQ(MLPCell(features=6))
+    terms = (JacobianTerm(samples=2), SpectralRadius(iters=5), SpectralHinge(iters=3))
+    model = DEQ(MLPCell(features=6), terms=terms)
     x = jax.random.normal(jax.random.key(0), (3, 6))
     variables = model.init(jax.random.key(1), x, train=False)
 
@@ -95,9 +121,6 @@ def test_deq_sows_the_jacobian_term_and_spectral_radius():
             {"params": params},
             x,
             train=True,
-            jacobian_samples=2,
-            spectral_iters=5,
-            spectral_penalty_iters=3,
             rngs={"jacobian": jax.random.key(2)},
             mutable=["intermediates"],
         )
@@ -113,7 +136,7 @@ def test_deq_sows_the_jacobian_term_and_spectral_radius():
         grads = jax.grad(lambda p, name=name: jnp.sum(term(p)[name][0]))(variables["params"])
         assert float(jnp.abs(grads["cell"]["recurrent"]["kernel"]).sum()) > 0
     with pytest.raises(ValueError, match="'jacobian' rng"):
-        model.apply(variables, x, train=True, jacobian_samples=1, mutable=["intermediates"])
+        model.apply(variables, x, train=True, mutable=["intermediates"])
 
 
 def test_synthetic_model_has_the_paper_parameter_count():
@@ -128,7 +151,7 @@ def test_synthetic_model_has_the_paper_parameter_count():
 
 
 def test_digits_model_shapes():
-    model = models.get("digits_deq", width=8, train_max_iter=3)
+    model = models.get("digits_deq", width=8, deq=DEQSpec(train_max_iter=3))
     x = jnp.ones((2, 8, 8, 1))
     variables = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(x)
     logits, stats = jax.jit(lambda v, x: model.apply(v, x, train=True))(variables, x)
@@ -146,7 +169,11 @@ def synthetic_run(tmp_path_factory):
 
 
 def _step(run, batch, regularizer, backward=None):
-    model = run.model if backward is None else run.model.clone(backward=backward)
+    model = (
+        run.model
+        if backward is None
+        else run.model.clone(deq=run.model.deq.replace(backward=backward))
+    )
     step = make_train_step(
         model, run.task.metrics, run.schedule, run.mesh, regression=True, regularizer=regularizer
     )

@@ -12,7 +12,7 @@ from ml_collections import ConfigDict
 
 from configs import default
 from deq_jax.solvers.base import SolverStats
-from deq_jax.training import checkpoint, optim, sharding, steps, writers
+from deq_jax.training import checkpoint, metrics, optim, sharding, writers
 from deq_jax.training.state import TrainState
 
 
@@ -82,9 +82,9 @@ def test_classification_loss_ignores_padding():
     targets = jnp.ones((3, 4), jnp.int32)
     mask = jnp.array([True, True, False])
     np.testing.assert_allclose(
-        steps.classification_loss(logits, targets, mask), np.log(2), rtol=1e-6
+        metrics.classification_loss(logits, targets, mask), np.log(2), rtol=1e-6
     )
-    assert float(steps.classification_loss(logits, targets, jnp.ones(3, bool))) > 60
+    assert float(metrics.classification_loss(logits, targets, jnp.ones(3, bool))) > 60
 
 
 def test_solver_metrics_over_real_examples():
@@ -96,7 +96,7 @@ def test_solver_metrics_over_real_examples():
         diverged=jnp.array([False, True, False]),
         trace=jnp.zeros((3, 30)),
     )
-    m = steps.solver_metrics(stats, jnp.array([True, True, False]))
+    m = metrics.solver_metrics(stats, jnp.array([True, True, False]))
     assert float(m["nstep_mean"]) == 4.0 and int(m["nstep_max"]) == 5
     np.testing.assert_allclose(m["abs_residual"], 0.5)  # non-finite counted as 0
     np.testing.assert_allclose(m["converged"], 0.5)
@@ -104,7 +104,7 @@ def test_solver_metrics_over_real_examples():
 
 
 def test_combine_weights_by_count():
-    out = steps.combine(
+    out = metrics.combine(
         [
             {"count": 3, "acc": 1.0, "nstep_max": 4},
             {"count": 1, "acc": 0.0, "nstep_max": 9},
@@ -228,16 +228,11 @@ def test_config_json_is_written_by_default_sections():
 
 
 def test_prefix_sum_model_shapes_and_parameter_count():
-    from deq_jax import backward, solvers
-    from deq_jax.nn import models
+    from deq_jax import backward, models, solvers
+    from deq_jax.nn import DEQSpec
 
-    model = models.get(
-        "prefix_sum_deq",
-        width=8,
-        num_blocks=1,
-        solver=solvers.anderson(max_iter=5),
-        backward=backward.jacobian_free(),
-    )
+    spec = DEQSpec(solver=solvers.anderson(max_iter=5), backward=backward.jacobian_free())
+    model = models.get("prefix_sum_deq", width=8, num_blocks=1, deq=spec)
     x = jnp.zeros((2, 16, 1))
     variables = jax.jit(lambda k, x: model.init(k, x, train=False))(jax.random.PRNGKey(0), x)
     n_params = sum(p.size for p in jax.tree_util.tree_leaves(variables["params"]))

@@ -1,6 +1,6 @@
 """Path-independence analysis of whole task models, not just of a bare `DEQ`.
 
-A task model (`deq_jax.nn.models`) wraps its `deq_jax.nn.DEQ` between an input
+A task model (`deq_jax.models`) wraps its `deq_jax.nn.DEQ` between an input
 projection and a readout. `deq_call` runs the model in eval mode while intercepting the
 call of its (first) DEQ: it can replace the DEQ's initial state or budget, and it
 captures the fixed point, the solver statistics and the DEQ's problem as pure pieces

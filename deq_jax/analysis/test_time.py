@@ -3,7 +3,7 @@
 A path-independent equilibrium model keeps improving on harder inputs as it is given
 more iterations at test time; a path-dependent one peaks near its training depth. This
 module measures that curve for any model called as ``apply(inputs, max_iter) ->
-(outputs, stats)`` (the convention of `deq_jax.nn.models`).
+(outputs, stats)`` (the convention of `deq_jax.models`).
 
 References:
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time

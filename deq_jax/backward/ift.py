@@ -73,7 +73,12 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
     Attributes:
       solver: the solver of the backward linear system: a `Solver` (any registered
         forward solver), a registered solver name, ``"gmres"`` or a `gmres` instance.
-        ``None`` reuses the forward solver.
+        ``None`` reuses the forward solver (with the forward call's budget), changed by
+        ``tol`` and ``max_iter`` where they are given.
+      tol: the backward tolerance of an inherited forward solver (``None``: the
+        forward ``tol``). Give an explicit ``solver`` its own ``tol`` instead.
+      max_iter: the backward budget of an inherited forward solver (``None``: the
+        forward call's budget).
       on_failure: what happens when the backward solve misses its tolerance:
         ``"warn"`` emits a `BackwardSolveWarning` from inside the compiled program (no
         cost when it converges), ``"nan"`` turns every gradient into NaN so a training
@@ -81,12 +86,19 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
     """
 
     solver: Any = None
+    tol: float | None = None
+    max_iter: int | None = None
     on_failure: str = "warn"
 
     def __post_init__(self):
         if self.on_failure not in ON_FAILURE:
             raise ValueError(
                 f"on_failure must be one of {', '.join(ON_FAILURE)}, got {self.on_failure!r}."
+            )
+        if self.solver is not None and (self.tol is not None or self.max_iter is not None):
+            raise ValueError(
+                "ift(tol=, max_iter=) change the inherited forward solver; give an explicit "
+                "ift(solver=...) its own tol and max_iter instead."
             )
         if isinstance(self.solver, str):
             built = gmres() if self.solver == "gmres" else get_solver(self.solver)
@@ -96,6 +108,11 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
                 f"ift(solver=...) takes a Solver, a solver name or 'gmres'; got {self.solver!r}."
             )
 
+    def inherit(self, forward_solver: Solver) -> Solver:
+        """The backward solver inherited from ``forward_solver`` (``solver`` unset)."""
+        changes = {k: v for k, v in (("tol", self.tol), ("max_iter", self.max_iter)) if v}
+        return forward_solver.replace(**changes) if changes else forward_solver
+
     def solve(self, fn: FlatFn, z0, params, solver, probe=None):
         return _ift_solve(self, fn, solver, z0, params, probe)
 
@@ -103,7 +120,7 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
         """Solves the backward system; returns ``(param cotangents, stats)``."""
         _, vjp_z = jax.vjp(lambda z: fn(z, params), z_star)
         vjp_z1 = lambda u: vjp_z(u)[0]
-        linear_solver = self.solver if self.solver is not None else forward_solver
+        linear_solver = self.solver if self.solver is not None else self.inherit(forward_solver)
         if isinstance(linear_solver, gmres):
             u, stats = linear_solver.solve_linear(vjp_z1, g)
         else:

@@ -68,7 +68,7 @@ class FrozenDEQ:
         self.model, self.variables, self.extras = model, variables, tuple(extras)
         self.target_solver = target_solver or anderson(tol=1e-6, max_iter=80)
         self._f: Callable[[Any, Any], Any] | None = None
-        target_model = model.clone(solver=self.target_solver, z_init="zeros")
+        target_model = model.clone(deq=model.deq.replace(solver=self.target_solver, z_init="zeros"))
 
         def solve(variables, inputs, extras):
             call = deq_call(
@@ -112,9 +112,10 @@ class FrozenDEQ:
 
     def with_solver(self, solver: Solver, z_init: Any = "keep") -> nn.Module:
         """The model with another forward solver (and, unless ``"keep"``, ``z_init``)."""
-        if z_init == "keep":
-            return self.model.clone(solver=solver)
-        return self.model.clone(solver=solver, z_init=z_init)
+        spec = self.model.deq.replace(solver=solver)
+        if z_init != "keep":
+            spec = spec.replace(z_init=z_init)
+        return self.model.clone(deq=spec)
 
 
 def initializer_kind(state_shape: Sequence[int]) -> str:

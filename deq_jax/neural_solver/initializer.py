@@ -118,7 +118,7 @@ class LearnedInit:
 
     Give it to a `deq_jax.nn.DEQ` (or a task model) as ``z_init``: the DEQ then starts
     every solve at ``h_phi(x)`` of its injected input ``x``, e.g.
-    ``model.clone(solver=trained.solver, z_init=LearnedInit("sequence", 32, trained.init_params))``.
+    ``model.clone(deq=model.deq.replace(solver=trained.solver, z_init=LearnedInit(...)))``.
 
     Attributes:
       kind: the initialiser kind (see `make_initializer`).

@@ -1,6 +1,7 @@
 """Flax modules for equilibrium models: the DEQ layer, cells, norms and dropout.
 
-`DEQ` wraps any linen cell ``cell(z, x) -> z`` and returns ``(z_star, stats)``; the
+`DEQ` wraps any linen cell ``cell(z, x) -> z`` and returns ``(z_star, stats)``, solving
+as its `DEQSpec` says (solver, backward mode, initial state, budgets); the
 cells (`MLPCell`, `Conv1DCell`, `Conv2DCell`), weight and spectral normalisation and
 `VariationalDropout` (one mask for every iteration) are building blocks for cells.
 
@@ -9,12 +10,15 @@ References:
 """
 
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
-from deq_jax.nn.deq import DEQ, Z_INITS, EquilibriumProblem, initial_state, solve_cell, state_like
+from deq_jax.nn.deq import DEQ, EquilibriumProblem, with_terms
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
+from deq_jax.nn.spec import Z_INITS, DEQSpec
+from deq_jax.nn.state import initial_state, state_like
 
 __all__ = [
     "DEQ",
+    "DEQSpec",
     "Z_INITS",
     "Conv1DCell",
     "Conv2DCell",
@@ -25,7 +29,7 @@ __all__ = [
     "WeightNormConv",
     "WeightNormDense",
     "initial_state",
-    "solve_cell",
     "state_like",
     "weight_norm_kernel",
+    "with_terms",
 ]

@@ -30,9 +30,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.nn.deq import float_dtype, state_like
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.norms import WeightNormConv, WeightNormDense
+from deq_jax.nn.state import float_dtype, state_like
 
 Initializer = Callable[..., jax.Array]
 

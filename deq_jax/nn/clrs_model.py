@@ -56,8 +56,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.backward.base import Backward
-from deq_jax.backward.ift import ift
 from deq_jax.nn.clrs_codec import (
     FeatureDecoder,
     FeatureEncoder,
@@ -69,9 +67,11 @@ from deq_jax.nn.clrs_codec import (
 )
 from deq_jax.nn.clrs_loops import ClrsStep, per_sample_norm, run_fixed_steps, unroll_to_fixed_point
 from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
-from deq_jax.nn.deq import initial_state, solve_cell, sow_jacobian_terms
-from deq_jax.solvers.anderson import anderson
-from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.nn.deq import DEQ, sow_terms
+from deq_jax.nn.spec import DEQSpec
+from deq_jax.nn.state import initial_state
+from deq_jax.regularizers.terms import Alignment
+from deq_jax.solvers.base import SolverStats
 
 MODES = ("deq", "hint_propagation", "fixed_steps")
 AUX_LOSS = "aux_loss"
@@ -112,12 +112,10 @@ class ClrsModel(nn.Module):
         Triplet-GMPNN decoders; ``processor="triplet_mpnn"``, not in ``fixed_steps``).
       random_pos: in training, replace the ``pos`` input by sorted uniform draws (from
         the ``"dropout"`` rng stream).
-      solver: the forward solver (``"deq"``; its ``tol`` and ``stop_mode`` also stop
-        ``"hint_propagation"``).
-      backward: the backward mode (``"deq"``).
-      z_init: the initial state, ``"zeros"``, ``"normal"`` or ``"mixed"``.
-      train_max_iter: the iteration budget in training (``None``: the solver's).
-      eval_max_iter: the iteration budget in evaluation (``None``: the solver's).
+      deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`): the forward solver
+        (``"deq"``; its ``tol`` and ``stop_mode`` also stop ``"hint_propagation"``),
+        the backward mode (``"deq"``), the initial state and the train and eval
+        iteration budgets (``None``: the solver's).
 
     References:
       Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -144,11 +142,7 @@ class ClrsModel(nn.Module):
     gumbel_tau: float = 1.0
     decode_edge_latents: bool = False
     random_pos: bool = False
-    solver: Solver = anderson()
-    backward: Backward = ift()
-    z_init: str = "zeros"
-    train_max_iter: int | None = None
-    eval_max_iter: int | None = None
+    deq: DEQSpec = DEQSpec()
 
     def __post_init__(self):
         object.__setattr__(self, "spec", parse_spec(self.spec))
@@ -198,14 +192,13 @@ class ClrsModel(nn.Module):
         return tuple(kwargs.items())
 
     def _budget(self, train: bool, max_iter: int | None) -> int:
-        budget = max_iter or (self.train_max_iter if train else self.eval_max_iter)
-        return budget or self.solver.max_iter
+        return self.deq.budget(train, max_iter or None)
 
     def _start(self, spec: Any, z0: Any) -> jax.Array:
         if z0 is not None:
             return z0
         return initial_state(
-            spec, self.z_init, None if self.z_init == "zeros" else self.make_rng("z0")
+            spec, self.deq.z_init, None if self.deq.z_init == "zeros" else self.make_rng("z0")
         )
 
     def _random_positions(self, pos: jax.Array) -> jax.Array:
@@ -255,19 +248,15 @@ class ClrsModel(nn.Module):
         lengths: jax.Array | None = None,
         z0: Any = None,
         stats_probe: jax.Array | None = None,
-        jacobian_samples: int = 0,
-        spectral_iters: int = 0,
-        spectral_penalty_iters: int = 0,
-        alignment: bool = False,
         **features: jax.Array,
     ) -> tuple[jax.Array, SolverStats]:
         """``adjacency [B, n, n]`` and features -> ``(output logits, stats)`` (module docstring).
 
         ``max_iter`` overrides the iteration budget (ignored by ``fixed_steps``, which
-        takes ``lengths``); ``z0``, ``stats_probe``, ``jacobian_samples``,
-        ``spectral_iters``, ``spectral_penalty_iters`` and ``alignment`` are the `DEQ`
-        options (the Jacobian terms also work in ``hint_propagation``; ``fixed_steps``
-        has no fixed point for them).
+        takes ``lengths``); ``z0`` and ``stats_probe`` are the `DEQ` options. The
+        penalty terms of ``deq.terms`` are sown in ``deq`` mode by the `DEQ`, in
+        ``hint_propagation`` at its last iterate (all but the alignment penalty);
+        ``fixed_steps`` has no fixed point for them.
         """
         if inputs.ndim != 3 or inputs.shape[1] != inputs.shape[2]:
             raise ValueError(f"ClrsModel expects an adjacency [B, n, n], got shape {inputs.shape}.")
@@ -284,12 +273,13 @@ class ClrsModel(nn.Module):
         encoder = FeatureEncoder(of_stage(self.spec, "input"), self.hidden, name="input_encoder")
         base = encoder(values, b, n)
         x = ProcessorInputs(base.node, base.edge, base.graph, adjacency)
-        if self.mode != "deq" and alignment:
+        terms = self.deq.terms
+        if self.mode != "deq" and any(isinstance(t, Alignment) for t in terms):
             raise ValueError("The alignment penalty needs mode='deq'.")
         aux = []
         edge_latents = None  # the Triplet-GMPNN's edge latents at z*, for the decoder
         if self.mode == "fixed_steps":
-            if jacobian_samples or spectral_iters or spectral_penalty_iters:
+            if terms:
                 raise ValueError(
                     "Jacobian terms need a fixed point: mode 'deq' or 'hint_propagation' (for "
                     "'fixed_steps' set regularizer.jacobian_weight=0, spectral_every=0 and "
@@ -300,13 +290,9 @@ class ClrsModel(nn.Module):
         else:
             cell = make_processor(self.processor, name="cell", **dict(self._processor_kwargs()))
             if self.mode == "deq":
-                options = dict(z0=z0, stats_probe=stats_probe, alignment=alignment)
-                options.update(
-                    jacobian_samples=jacobian_samples,
-                    spectral_iters=spectral_iters,
-                    spectral_penalty_iters=spectral_penalty_iters,
+                z, stats = DEQ(cell, spec=self.deq, name="deq")(
+                    x, train=train, max_iter=max_iter, z0=z0, stats_probe=stats_probe
                 )
-                z, stats = solve_cell(self, cell, x, train, max_iter, options)
                 penalty = None
                 if self.decode_edge_latents:  # one cell call at z* serves both
                     fz, edge_latents = cell(z, x, return_edges=True)
@@ -326,12 +312,11 @@ class ClrsModel(nn.Module):
                     z_start,
                     args,
                     max_iter=self._budget(train, max_iter),
-                    tol=self.solver.tol,
-                    stop_mode=self.solver.stop_mode,
+                    tol=self.deq.solver.tol,
+                    stop_mode=self.deq.solver.stop_mode,
                 )
-                self._sow_jacobian(
-                    f, z, args, jacobian_samples, spectral_iters, spectral_penalty_iters
-                )
+                if terms:
+                    self._sow_terms(f, z, args)
         if self.step_penalty:
             aux.append(self.step_penalty * penalty)
         if aux and not init:
@@ -356,12 +341,14 @@ class ClrsModel(nn.Module):
             logits = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)  # [B, n, n, 2]
         return logits, stats
 
-    def _sow_jacobian(self, f, z, args, samples: int, iters: int, penalty_iters: int) -> None:
-        """Sows the unrolled map's Jacobian estimates at the detached final state
-        (`deq_jax.nn.deq.sow_jacobian_terms`)."""
-        if samples or iters or penalty_iters:
-            key = self.make_rng("jacobian")
-            sow_jacobian_terms(self, f, z, args, key, samples, iters, penalty_iters)
+    def _sow_terms(self, f, z, args) -> None:
+        """Sows the penalty terms of ``deq.terms`` at the unrolled map's final state
+        (`deq_jax.nn.deq.sow_terms`; none re-solves, the alignment penalty is refused)."""
+
+        def resolve(start):
+            raise ValueError("The alignment penalty needs mode='deq'.")
+
+        sow_terms(self, self.deq.terms, f, z, args, resolve)
 
     def _fixed_steps(self, x, hints, lengths, z0, train: bool, init: bool):
         """Runs ``max(length - 1, 1)`` supervised steps per example (module docstring)."""

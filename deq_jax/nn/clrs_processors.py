@@ -61,7 +61,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.nn.deq import state_like
+from deq_jax.nn.state import state_like
 
 AGGREGATIONS = ("adjacency", "full")
 # Stands in for -inf where a sender is not a neighbour (CLRS's BIG_NUMBER).

@@ -6,6 +6,10 @@
   differentiable, for a penalty on ``rho``.
 * `unrolled_trajectory`, `fixed_point_correction`, `trajectory_weights`,
   `step_penalty`: losses along the path of the solver.
+* Penalty terms handed to a DEQ (`deq_jax.nn.DEQSpec.terms`), each sowing per-sample
+  values at the fixed point that the train step weighs: `JacobianTerm`,
+  `SpectralHinge`, `Alignment`, and the diagnostic `SpectralRadius` (`Term` is their
+  base).
 
 Example::
 
@@ -25,6 +29,14 @@ from deq_jax.regularizers.jacobian import (
     spectral_radius,
     spectral_radius_penalty_estimate,
 )
+from deq_jax.regularizers.terms import (
+    Alignment,
+    JacobianTerm,
+    SpectralHinge,
+    SpectralRadius,
+    Term,
+    evaluate_terms,
+)
 from deq_jax.regularizers.trajectory import (
     WEIGHTS,
     fixed_point_correction,
@@ -34,6 +46,12 @@ from deq_jax.regularizers.trajectory import (
 )
 
 __all__ = [
+    "Alignment",
+    "JacobianTerm",
+    "SpectralHinge",
+    "SpectralRadius",
+    "Term",
+    "evaluate_terms",
     "PROBES",
     "WEIGHTS",
     "fixed_point_correction",

@@ -81,11 +81,16 @@ class Solver(abc.ABC):
       max_iter: the most evaluations of ``f`` per solve (the first one included).
       stop_mode: ``"rel"`` stops on ``||f(z) - z|| / ||f(z)||``, ``"abs"`` on
         ``||f(z) - z||``.
+      full_budget: run every sample for the whole budget (``max_iter`` evaluations; a
+        fixed depth, as "unroll + backprop" training needs) instead of stopping it once
+        its residual passes ``tol``; ``tol`` then only decides ``converged`` in the
+        statistics. A diverging sample still stops.
     """
 
     tol: float = 1e-4
     max_iter: int = 50
     stop_mode: str = "rel"
+    full_budget: bool = False
 
     def __post_init__(self):
         if not self.tol > 0:

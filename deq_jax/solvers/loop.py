@@ -80,7 +80,7 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
     res = rel_res if solver.stop_mode == "rel" else abs_res
     finite = jnp.isfinite(abs_res) & jnp.isfinite(rel_res)
     improved = s.active & finite & (res < _best_res(solver, s))
-    converged_now = s.active & finite & (res <= solver.tol)
+    converged_now = s.active & finite & (res <= solver.tol) & (not solver.full_budget)
     diverged_now = s.active & ~finite
     read, same, settled_now = s.read, s.same, jnp.zeros_like(s.active)
     if settle is not None:
@@ -150,8 +150,8 @@ def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
         abs_residual=s.best_abs,
         rel_residual=s.best_rel,
         # a sample stopped without diverging passed the residual test or settled; one
-        # still active ran out of budget
-        converged=~s.active & ~s.diverged,
+        # still active ran out of budget (with a full budget: it passed the residual test)
+        converged=~s.diverged & (~s.active | (solver.full_budget & (best <= solver.tol))),
         diverged=s.diverged,
         trace=jnp.where(taken, s.trace, best[:, None]),
     )

@@ -18,18 +18,13 @@ from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
 from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
 from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.metrics import classification_loss, regression_loss
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import Run, restore_trained, setup
 from deq_jax.training.state import TrainState, create_train_state
-from deq_jax.training.steps import (
-    classification_loss,
-    make_eval_step,
-    make_spectral_step,
-    make_train_step,
-    regression_loss,
-)
+from deq_jax.training.steps import make_eval_step, make_spectral_step, make_train_step
 from deq_jax.training.train import NonFiniteLossError, RunResult, train_and_evaluate
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 

@@ -82,12 +82,13 @@ class AlternatingSolver:
             f"{int(state.step)}: {steps} steps in {self.fitted.seconds:.1f} s, loss "
             f"{self.fitted.losses[-1]:.4g}"
         )
-        base = self.model.solver
+        spec = self.model.deq
+        base = spec.solver
         solver = self.fitted.solver.replace(tol=base.tol, stop_mode=base.stop_mode)
-        backward = self.model.backward
+        backward = spec.backward
         if isinstance(backward, ift) and backward.solver is None:
-            budget = self.model.train_max_iter or base.max_iter
+            budget = spec.budget(train=True)
             backward = dataclasses.replace(backward, solver=anderson(tol=base.tol, max_iter=budget))
         return self.model.clone(
-            solver=solver, z_init=self.fitted.init or "zeros", backward=backward
+            deq=spec.replace(solver=solver, z_init=self.fitted.init or "zeros", backward=backward)
         )

@@ -1,8 +1,10 @@
-"""Builds the run's components (task, solver, backward mode, model) from a config.
+"""Builds the run's components (task, DEQ spec, model) from a config.
 
 Every component is chosen by name through its registry, so an unknown name or keyword
 fails at start-up with the valid ones listed. See ``configs/default.py`` for the
-sections read here.
+sections read here. `check_layout` turns a config written for the old layout (solver,
+backward mode, initial state and budgets outside ``config.deq``) into an error that
+names the new key.
 """
 
 from __future__ import annotations
@@ -13,12 +15,53 @@ from typing import Any
 import flax.linen as nn
 
 from deq_jax import backward as backward_lib
+from deq_jax import models as models_lib
 from deq_jax import solvers as solvers_lib
 from deq_jax import tasks as tasks_lib
 from deq_jax.backward.base import Backward
 from deq_jax.backward.krylov import gmres
-from deq_jax.nn import models as models_lib
+from deq_jax.nn.spec import DEQSpec
 from deq_jax.solvers.base import Solver
+
+# Old config keys (before ``config.deq``) and where each lives now.
+RENAMED_KEYS = {
+    "solver": "deq.solver",
+    "backward": "deq.backward",
+    "model.z_init": "deq.z_init",
+    "model.train_max_iter": "deq.train_max_iter",
+    "model.eval_max_iter": "deq.eval_max_iter",
+    "eval.settle_patience": "deq.settle_patience",
+    "eval.settle_tol": "deq.settle_tol",
+}
+# The fields of ``config.deq`` besides its ``solver`` and ``backward`` sections.
+DEQ_FIELDS = ("z_init", "train_max_iter", "eval_max_iter", "settle_patience", "settle_tol")
+
+
+def renamed_key(key: str) -> str | None:
+    """The new name of an old dotted config key (``"solver.tol"`` -> ``"deq.solver.tol"``),
+    or ``None`` if ``key`` was not moved."""
+    for old, new in RENAMED_KEYS.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old) :]
+    return None
+
+
+def check_layout(config: Any) -> None:
+    """Fails on a config that still has a key of the old layout.
+
+    Raises:
+      ValueError: naming the old key and the new one (e.g. ``model.z_init`` ->
+        ``deq.z_init``).
+    """
+    sections = _section(config)
+    for old, new in RENAMED_KEYS.items():
+        section, _, field = old.partition(".")
+        present = section in sections and (not field or field in dict(sections[section]))
+        if present:
+            raise ValueError(
+                f"config.{old} has moved to config.{new} (everything a DEQ solves with "
+                "lives in config.deq; see configs/default.py)."
+            )
 
 
 def _section(config: Any) -> dict[str, Any]:
@@ -34,7 +77,7 @@ def _sub_section(section: dict[str, Any], name: str, what: str) -> dict[str, Any
 
 
 def build_solver(config: Any) -> Solver:
-    """``solvers.get(name, tol=..., stop_mode=..., **config[name])`` from ``config.solver``.
+    """``solvers.get(name, tol=..., stop_mode=..., **config[name])`` from ``config.deq.solver``.
 
     Raises:
       ValueError: for an unknown solver name or keyword, listing the valid ones.
@@ -43,36 +86,62 @@ def build_solver(config: Any) -> Solver:
     name = section["name"]
     if name not in solvers_lib.names():
         return solvers_lib.get(name)  # raises, listing the valid names
-    hyper = {k: section[k] for k in ("tol", "stop_mode", "max_iter") if k in section}
-    hyper.update(_sub_section(section, name, "solver"))
+    common = ("tol", "stop_mode", "max_iter", "full_budget")
+    hyper = {k: section[k] for k in common if k in section}
+    hyper.update(_sub_section(section, name, "deq.solver"))
     return solvers_lib.get(name, **hyper)
 
 
 def build_backward(config: Any) -> Backward:
-    """``backward.get(name, **config[name])`` from ``config.backward``.
+    """``backward.get(name, **config[name])`` from ``config.deq.backward``.
 
-    For ``ift``, ``solver=""`` reuses the forward solver; ``"gmres"`` or a solver name
-    builds that solver with the section's ``tol`` and ``max_iter``.
+    For ``ift``, ``solver=""`` inherits the forward solver, whose ``tol`` and budget a
+    non-zero ``ift.tol`` and ``ift.max_iter`` change; ``"gmres"`` or a solver name
+    builds that solver with the section's ``tol`` and ``max_iter`` (0: its defaults).
 
     Raises:
       ValueError: for an unknown mode name or keyword, listing the valid ones.
     """
     section = _section(config)
     name = section["name"]
-    hyper = _sub_section(section, name, "backward") if name in backward_lib.names() else {}
+    hyper = _sub_section(section, name, "deq.backward") if name in backward_lib.names() else {}
     if name == "ift":
         solver_name = hyper.pop("solver", "")
-        tol, max_iter = hyper.pop("tol", None), hyper.pop("max_iter", None)
-        limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v is not None}
+        tol, max_iter = hyper.pop("tol", 0.0), hyper.pop("max_iter", 0)
+        limits = {k: v for k, v in (("tol", tol), ("max_iter", max_iter)) if v}
         if solver_name == "gmres":
             hyper["solver"] = gmres(**limits)
         elif solver_name:
             hyper["solver"] = solvers_lib.get(solver_name, **limits)
+        else:
+            hyper.update(limits)
     return backward_lib.get(name, **hyper)
 
 
-def build_model(config: Any, solver: Solver, backward: Backward) -> nn.Module:
-    """``models.get(name, solver=solver, backward=backward, **fields)`` from ``config.model``.
+def build_deq_spec(config: Any) -> DEQSpec:
+    """The `DEQSpec` of ``config.deq``: its ``solver`` and ``backward`` sections, the
+    initial state and the budgets (0: the solver's ``max_iter``).
+
+    Raises:
+      ValueError: for an unknown field, solver, backward mode or keyword, listing the
+        valid ones.
+    """
+    section = _section(config)
+    unknown = sorted(set(section) - {"solver", "backward", *DEQ_FIELDS})
+    if unknown:
+        valid = ", ".join(("solver", "backward", *DEQ_FIELDS))
+        raise ValueError(f"Unknown field(s) of config.deq: {', '.join(unknown)}. Valid: {valid}.")
+    return DEQSpec(
+        solver=build_solver(section["solver"]),
+        backward=build_backward(section["backward"]),
+        z_init=section.get("z_init", "zeros"),
+        train_max_iter=section.get("train_max_iter") or None,
+        eval_max_iter=section.get("eval_max_iter") or None,
+    )
+
+
+def build_model(config: Any, deq: DEQSpec) -> nn.Module:
+    """``models.get(name, deq=deq, **fields)`` from ``config.model``.
 
     An empty string for ``norm`` means no normalisation.
 
@@ -83,7 +152,7 @@ def build_model(config: Any, solver: Solver, backward: Backward) -> nn.Module:
     name = fields.pop("name")
     if fields.get("norm", None) == "":
         fields["norm"] = None
-    return models_lib.get(name, solver=solver, backward=backward, **fields)
+    return models_lib.get(name, deq=deq, **fields)
 
 
 def build_task(config: Any, workdir: str) -> Any:

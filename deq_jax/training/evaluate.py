@@ -22,7 +22,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from deq_jax.training import sharding, steps
+from deq_jax.training import metrics, sharding, steps
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
@@ -80,7 +80,7 @@ class Evaluator:
                 self.task.metrics,
                 self.mesh,
                 max_iter,
-                regression=steps.is_regression(self.task),
+                regression=metrics.is_regression(self.task),
                 extras=tuple(getattr(self.task, "batch_extras", ())),
                 settle=self.settle,
             )
@@ -108,7 +108,7 @@ class Evaluator:
             batches = itertools.islice(batches, self.max_batches)
         extras = tuple(getattr(self.task, "batch_extras", ()))
         results = [step(state, device_batch(b, self.mesh, extras)) for b in batches]
-        return steps.combine(jax.device_get(results))
+        return metrics.combine(jax.device_get(results))
 
     def evaluate_splits(
         self, state: TrainState, splits: Sequence[str], max_iter: int | None = None
@@ -142,8 +142,8 @@ def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> st
     header = f"{'budget':>8} {'split':>12} " + " ".join(f"{k:>16}" for k in keys)
     lines = [header]
     for budget, by_split in report.items():
-        for split, metrics in by_split.items():
-            cells = " ".join(f"{metrics.get(k, float('nan')):>16.4f}" for k in keys)
+        for split, values in by_split.items():
+            cells = " ".join(f"{values.get(k, float('nan')):>16.4f}" for k in keys)
             lines.append(f"{budget:>8} {split:>12} {cells}")
     return "\n".join(lines)
 
@@ -185,7 +185,7 @@ def evaluate_checkpoint(
       workdir: the run's directory.
       splits: the splits to evaluate; empty means every eval split of the task.
       max_iters: solver budgets; empty means ``eval.budget_multipliers`` times
-        ``model.train_max_iter``.
+        ``deq.train_max_iter``.
       emit: receives the printed table.
 
     Returns:
@@ -199,14 +199,14 @@ def evaluate_checkpoint(
     splits = tuple(splits) or tuple(run.task.eval_splits)
     if not max_iters:
         max_iters = [
-            int(round(m * config.model.train_max_iter)) for m in config.eval.budget_multipliers
+            int(round(m * config.deq.train_max_iter)) for m in config.eval.budget_multipliers
         ]
     evaluator = Evaluator(
         run.model,
         run.task,
         run.mesh,
         config.eval.batch_size,
-        settle=SettleRule.from_config(config.eval),
+        settle=SettleRule.from_config(config.deq),
     )
     report = length_report(
         evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}

@@ -6,17 +6,18 @@ al. live here; the others are choices made elsewhere in the config:
 
 * Randomised forward budget: each training step solves with a budget drawn uniformly
   from ``budget_choices`` evenly spaced integers in ``[budget_min, budget_max]``
-  (``budget_max = 0``: off, the model's ``train_max_iter`` always). Each budget is a
+  (``budget_max = 0``: off, ``deq.train_max_iter`` always). Each budget is a
   branch of a `jax.lax.switch`, compiled once; only the drawn one runs.
 * Fixed-point alignment penalty: with ``alignment_weight > 0`` the DEQ solves every
   input a second time from a fresh standard Gaussian start and the loss gains
   ``alignment_weight * mean_b (1 - cos(z*_b, z*'_b))``, which rewards the dot product
-  of the two (normalised) fixed points. With ``model.z_init = "normal"`` both starts are
+  of the two (normalised) fixed points. With ``deq.z_init = "normal"`` both starts are
   Gaussian, the paper's form.
-* Mixed initialisation is ``model.z_init = "mixed"``; "unroll + backprop" is
-  ``solver.name = "fixed_point_iteration"``, ``solver.tol = 1e-30`` (a fixed depth)
-  and ``backward.name = "unrolled"``; implicit gradients are ``backward.name =
-  "ift"``; phantom gradients are ``backward.name = "phantom"``.
+* Mixed initialisation is ``deq.z_init = "mixed"``; "unroll + backprop" is
+  ``deq.solver.name = "fixed_point_iteration"``, ``deq.solver.full_budget = True`` (a
+  fixed depth) and ``deq.backward.name = "unrolled"``; implicit gradients are
+  ``deq.backward.name = "ift"``; phantom gradients are ``deq.backward.name =
+  "phantom"``.
 
 References:
   Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent
@@ -34,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deq_jax._sections import from_section
+from deq_jax.regularizers.terms import Alignment, Term
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +92,10 @@ class PathIndependence:
     def alignment(self) -> bool:
         """Whether the alignment penalty is on."""
         return self.alignment_weight > 0
+
+    def terms(self) -> tuple[Term, ...]:
+        """The alignment penalty handed to the DEQ (empty when off)."""
+        return (Alignment(weight=self.alignment_weight),) if self.alignment else ()
 
     def draw_budget(self, key: jax.Array) -> jax.Array:
         """The index into `budgets` of one step's budget (uniform)."""

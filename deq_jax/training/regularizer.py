@@ -1,7 +1,8 @@
 """The Jacobian regulariser as a training option: weight schedule, frequency, probes.
 
 `JacobianRegularizer` is built from ``config.regularizer`` (see ``configs/default.py``)
-and read by the train step: at step ``t`` it adds ``gamma_t * mean_b term_b`` to the
+and turned by the train step into penalty terms handed to the DEQ
+(`deq_jax.regularizers.terms`): at step ``t`` it adds ``gamma_t * mean_b term_b`` to the
 loss, where ``term_b`` is the Hutchinson estimate of ``||J_f(z*_b)||_F^2 / d`` that the
 `deq_jax.nn.DEQ` sows with ``jacobian_samples`` probes, ``gamma_t`` ramps linearly from
 ``jacobian_weight_start`` to ``jacobian_weight`` over ``jacobian_weight_steps`` steps,
@@ -30,9 +31,9 @@ import dataclasses
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from deq_jax._sections import from_section
+from deq_jax.regularizers.terms import JacobianTerm, SpectralHinge, Term
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,17 +111,29 @@ class JacobianRegularizer:
         """Whether the spectral-radius hinge is added to the loss."""
         return self.spectral_weight > 0
 
-    def spectral_penalty(self, estimate: jax.Array) -> jax.Array:
-        """Per-sample squared hinge ``max(0, rho - spectral_target)^2`` of the estimates."""
-        return jnp.square(jax.nn.relu(estimate - self.spectral_target))
+    def jacobian_term(self) -> JacobianTerm | None:
+        """The Jacobian penalty handed to the DEQ (``None`` when off): ``M`` probes, the
+        weight ramped from ``jacobian_weight_start`` to ``jacobian_weight``."""
+        if not self.enabled:
+            return None
+        return JacobianTerm(
+            samples=self.jacobian_samples,
+            weight=self.jacobian_weight,
+            weight_start=self.jacobian_weight_start,
+            weight_steps=self.jacobian_weight_steps,
+        )
 
-    def weight(self, step: jax.Array) -> jax.Array:
-        """``gamma_t``: the linear ramp from the start weight to ``jacobian_weight``."""
-        end = jnp.asarray(self.jacobian_weight, jnp.float32)
-        if self.jacobian_weight_steps == 0:
-            return end
-        frac = jnp.clip(jnp.asarray(step, jnp.float32) / self.jacobian_weight_steps, 0.0, 1.0)
-        return self.jacobian_weight_start + (end - self.jacobian_weight_start) * frac
+    def spectral_terms(self) -> tuple[Term, ...]:
+        """The spectral-radius hinge handed to the DEQ on every step (empty when off)."""
+        if not self.spectral_enabled:
+            return ()
+        return (
+            SpectralHinge(
+                iters=self.spectral_penalty_iters,
+                target=self.spectral_target,
+                weight=self.spectral_weight,
+            ),
+        )
 
     def draw(self, key: jax.Array) -> jax.Array:
         """The Bernoulli(``jacobian_freq``) draw of one step: compute the term or not."""

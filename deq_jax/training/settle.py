@@ -3,8 +3,8 @@
 A model whose output is discrete (pointers, masks, classes) reaches its final answer
 long before the residual test passes. With ``patience > 0`` the eval solve of each
 sample also stops once the decoded answer has not changed for that many steps
-(`deq_jax.analysis.settled_apply`); the config keys are ``eval.settle_patience`` and
-``eval.settle_tol``.
+(`deq_jax.analysis.settled_apply`); the config keys are ``deq.settle_patience`` and
+``deq.settle_tol``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class SettleRule:
     """When an eval solve also stops: once the model's decoded answer (the argmax of
     its outputs) has not changed for ``patience`` steps (0: never; the residual test
     only), with the residual tolerance ``tol`` (0: the solver's own).
-    `deq_jax.analysis.settled_apply` runs it; `from_config` reads a config's ``eval``.
+    `deq_jax.analysis.settled_apply` runs it; `from_config` reads a config's ``deq``.
 
     Raises:
       ValueError: for a negative or non-integer patience, or a negative tolerance.
@@ -29,15 +29,13 @@ class SettleRule:
 
     def __post_init__(self):
         if not isinstance(self.patience, int) or self.patience < 0:
-            raise ValueError(
-                f"eval.settle_patience must be an integer >= 0, got {self.patience!r}."
-            )
+            raise ValueError(f"deq.settle_patience must be an integer >= 0, got {self.patience!r}.")
         if not self.tol >= 0:
-            raise ValueError(f"eval.settle_tol must be >= 0 (0: the solver's), got {self.tol!r}.")
+            raise ValueError(f"deq.settle_tol must be >= 0 (0: the solver's), got {self.tol!r}.")
 
     @classmethod
     def from_config(cls, eval_config: Any) -> SettleRule:
-        """From ``eval.settle_patience`` and ``eval.settle_tol`` (both optional)."""
+        """From ``deq.settle_patience`` and ``deq.settle_tol`` (both optional)."""
         return cls(eval_config.get("settle_patience", 0), eval_config.get("settle_tol", 0.0))
 
     def apply(self, model: Any, variables: Any, inputs: Any, **kwargs: Any) -> tuple[Any, Any]:

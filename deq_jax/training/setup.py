@@ -59,6 +59,7 @@ def setup(config: Any, workdir: str) -> Run:
         over the devices.
       CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
     """
+    build.check_layout(config)
     tc = config.train
     sharding.initialize_distributed(
         tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
@@ -68,9 +69,7 @@ def setup(config: Any, workdir: str) -> Run:
     sharding.check_batch_size(tc.batch_size, mesh)
     task = build.build_task(config.task, workdir)
     task.prepare()
-    model = build.build_model(
-        config.model, build.build_solver(config.solver), build.build_backward(config.backward)
-    )
+    model = build.build_model(config.model, build.build_deq_spec(config.deq))
     tx, schedule = make_optimizer(tc)
     sample = np.zeros((1, *task.input_shape), np.float32)
     state = create_train_state(model, tx, sample, jax.random.PRNGKey(tc.seed))

@@ -1,20 +1,23 @@
 """The jitted train and eval steps of a model built around a DEQ.
 
-A model here is a linen module called as ``model.apply(variables, inputs, train=...,
-max_iter=..., stats_probe=..., jacobian_samples=..., spectral_iters=...) -> (outputs,
-stats)`` with ``stats`` the DEQ's per-sample `deq_jax.SolverStats` (see
-`deq_jax.nn.models`). For a classification task (``task.num_classes`` set) ``outputs``
-are logits ``[B, ..., C]`` and targets integer labels ``[B, ...]``; for a regression
-task (``num_classes=None``, e.g. ``synthetic_1d``) outputs and targets are real
-``[B, ...]`` and the loss is the mean squared error. ``mask [B]`` marks real (not
-padding) examples.
+A model here is a linen module with a `deq_jax.nn.DEQSpec` field ``deq`` (or a bare
+`deq_jax.nn.DEQ`), called as ``model.apply(variables, inputs, train=..., max_iter=...,
+stats_probe=...) -> (outputs, stats)`` with ``stats`` the DEQ's per-sample
+`deq_jax.SolverStats` (see `deq_jax.models`). For a classification task
+(``task.num_classes`` set) ``outputs`` are logits ``[B, ..., C]`` and targets integer
+labels ``[B, ...]``; for a regression task (``num_classes=None``, e.g. ``synthetic_1d``)
+outputs and targets are real ``[B, ...]`` and the loss is the mean squared error. ``mask
+[B]`` marks real (not padding) examples.
 
 The train step differentiates the loss w.r.t. the parameters and a
 `deq_jax.backward.stats_probe`, so the backward solve's statistics are logged next to
-the forward ones, and adds the Jacobian regulariser (`JacobianRegularizer`) when it is
-on. All steps are `jax.jit` functions whose inputs carry `NamedSharding`s (state
-replicated, batch split along the data axis; `deq_jax.training.sharding`), so XLA
-splits the work over devices and averages the gradients itself.
+the forward ones. Penalties are terms (`deq_jax.regularizers.terms`) handed to the
+model's DEQ spec: the Jacobian regulariser's (`JacobianRegularizer`), the spectral hinge
+and the alignment penalty (`PathIndependence`); each sows per-sample values and the step
+adds ``weight * mean``. All steps are `jax.jit` functions whose inputs carry
+`NamedSharding`s (state replicated, batch split along the data axis;
+`deq_jax.training.sharding`), so XLA splits the work over devices and averages the
+gradients itself.
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -29,13 +32,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import traverse_util
 from jax.sharding import Mesh
 
 from deq_jax.backward.probe import read_stats_probe, stats_probe
-from deq_jax.solvers.base import SolverStats
+from deq_jax.nn.deq import DEQ, with_terms
+from deq_jax.nn.spec import DEQSpec
+from deq_jax.regularizers.terms import SpectralRadius, Term
 from deq_jax.training import sharding
 from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.metrics import (
+    classification_loss,
+    masked_mean,
+    regression_loss,
+    solver_metrics,
+    sown,
+    term_values,
+)
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.state import TrainState
@@ -60,73 +72,13 @@ AUX_LOSS = "aux_loss"
 AUX_OUTPUTS = "aux_outputs"
 
 
-def classification_loss(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean cross-entropy over every label of the real examples.
-
-    Args:
-      logits: ``[B, ..., C]``.
-      targets: integer labels ``[B, ...]``.
-      mask: ``[B]`` bool, false for padding rows.
-
-    Returns:
-      A scalar; padding rows count for nothing.
-    """
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, ...]
-    return masked_mean(ce.reshape(ce.shape[0], -1).mean(axis=1), mask)
-
-
-def regression_loss(outputs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean squared error over every output of the real examples.
-
-    Args:
-      outputs: ``[B, ...]`` predictions.
-      targets: ``[B, ...]``, the same shape.
-      mask: ``[B]`` bool, false for padding rows.
-
-    Returns:
-      A scalar; padding rows count for nothing.
-    """
-    err = jnp.square(outputs - targets.astype(outputs.dtype))  # [B, ...]
-    return masked_mean(err.reshape(err.shape[0], -1).mean(axis=1), mask)
-
-
-def masked_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
-    """The mean of ``values [B]`` over the real examples (``mask [B]``)."""
-    w = mask.astype(values.dtype)
-    return jnp.sum(values * w) / jnp.maximum(jnp.sum(w), 1.0)
-
-
-def is_regression(task: Any) -> bool:
-    """Whether ``task`` is a regression task (``num_classes`` is ``None``)."""
-    return getattr(task, "num_classes", None) is None
-
-
-def solver_metrics(stats: SolverStats, mask: jax.Array) -> dict[str, jax.Array]:
-    """Means (and the max of ``nstep``) of the solver statistics over real examples."""
-    mean = lambda x: masked_mean(jnp.asarray(x, jnp.float32), mask)
-    finite = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
-    return {
-        "nstep_mean": mean(stats.nstep),
-        "nstep_max": jnp.max(jnp.where(mask, stats.nstep, 0)),
-        "abs_residual": mean(finite(stats.abs_residual)),
-        "rel_residual": mean(finite(stats.rel_residual)),
-        "converged": mean(stats.converged),
-        "diverged": mean(stats.diverged),
-    }
-
-
-def sown(intermediates: Mapping[str, Any], name: str, required: bool = True) -> jax.Array | None:
-    """Every value sown as ``name`` (e.g. by each DEQ of a model), ``[B]`` summed.
-
-    Returns ``None`` when nothing was sown as ``name`` and ``required`` is false.
-    """
-    flat = traverse_util.flatten_dict(dict(intermediates))
-    values = [v for path, tup in flat.items() if path[-1] == name for v in tup]
-    if not values:
-        if not required:
-            return None
-        raise ValueError(f"The model sowed no {name!r}; its DEQ must receive the option.")
-    return sum(values[1:], values[0])
+def net_terms(net: Any) -> tuple[Term, ...]:
+    """The penalty terms a model's (or a `DEQ`'s) spec carries; none for a model
+    without a `deq_jax.nn.DEQSpec` field ``deq`` (e.g. a wrapper of another model)."""
+    if isinstance(net, DEQ):
+        return net.spec.terms
+    spec = getattr(net, "deq", None)
+    return spec.terms if isinstance(spec, DEQSpec) else ()
 
 
 def _task_metrics(metrics_fn: TaskMetrics, outputs, targets, mask, extra) -> dict[str, jax.Array]:
@@ -198,6 +150,12 @@ def make_train_step(
     reg = regularizer or JacobianRegularizer()
     pi = interventions or PathIndependence()
     default_loss = regression_loss if regression else classification_loss
+    jacobian = reg.jacobian_term()
+    # Evaluated on every step; the Jacobian term only where its Bernoulli draw says so.
+    always = reg.spectral_terms() + pi.terms()
+    plain = with_terms(model, always)
+    regularised = plain if jacobian is None else with_terms(model, (jacobian, *always))
+    terms = net_terms(regularised)  # the model's own terms first
 
     def task_loss_of(outputs, targets, mask, **batch):
         if loss_fn is not None:
@@ -215,13 +173,9 @@ def make_train_step(
         mutable = list(state.model_state)
         k_jacobian, k_draw, k_budget = jax.random.split(_step_key(state), 3)
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
-        weight = reg.weight(state.step)
-        options = {"alignment": True} if pi.alignment else {}
-        if reg.spectral_enabled:
-            options["spectral_penalty_iters"] = reg.spectral_penalty_iters
 
-        def objective(params, probe, samples: int, max_iter: int | None):
-            (outputs, stats), new_model_state = model.apply(
+        def objective(params, probe, net, max_iter: int | None):
+            (outputs, stats), new_model_state = net.apply(
                 state.variables(params),
                 inputs,
                 train=True,
@@ -229,8 +183,6 @@ def make_train_step(
                 rngs=rngs,
                 mutable=mutable + [INTERMEDIATES],
                 stats_probe=probe,
-                jacobian_samples=samples,
-                **options,
                 **extra,
             )
             new_model_state = dict(new_model_state)
@@ -243,71 +195,54 @@ def make_train_step(
             if aux_loss is not None:
                 aux_loss = masked_mean(aux_loss, mask)
                 loss = loss + aux_loss
-            nan = jnp.full((), jnp.nan, task_loss.dtype)
-            term = align = nan
-            spectral = None
-            if samples:
-                term = masked_mean(sown(intermediates, "jacobian_term"), mask)
-                loss = loss + weight * term
-            if reg.spectral_enabled:
-                rho = sown(intermediates, "spectral_estimate")  # [B]
-                hinge = masked_mean(reg.spectral_penalty(rho), mask)
-                loss = loss + reg.spectral_weight * hinge
-                spectral = {"spectral_estimate": masked_mean(rho, mask), "spectral_hinge": hinge}
-            if pi.alignment:
-                align = masked_mean(sown(intermediates, "alignment_term"), mask)
-                loss = loss + pi.alignment_weight * align
+            values = term_values(intermediates, terms, mask, task_loss.dtype)
+            for term in net_terms(net):
+                if term.penalises:
+                    loss = loss + term.weight_at(state.step) * values[term.name]
             # The trace's length is the budget: drop it so every budget's branch agrees.
             stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
-            aux = (task_loss, term, align, aux_loss, spectral, outputs, stats, new_model_state)
-            return loss, aux
+            aux = dict(task_loss=task_loss, aux_loss=aux_loss, terms=values, outputs=outputs)
+            return loss, dict(aux, stats=stats, model_state=new_model_state)
 
-        def gradients(samples: int, max_iter: int | None = None):
+        def gradients(net, max_iter: int | None = None):
             grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
-            return grad_fn(state.params, stats_probe(), samples, max_iter)
+            return grad_fn(state.params, stats_probe(), net, max_iter)
 
-        def budgeted(samples: int):
+        def budgeted(net):
             if not pi.budgets:
-                return gradients(samples)
-            branches = [lambda b=b: gradients(samples, b) for b in pi.budgets]
+                return gradients(net)
+            branches = [lambda b=b: gradients(net, b) for b in pi.budgets]
             return jax.lax.switch(budget_index, branches)
 
         budget_index = pi.draw_budget(k_budget) if pi.budgets else None
-        applied = jnp.asarray(reg.enabled, jnp.float32)
-        if not reg.enabled:
-            result = budgeted(0)
-        elif reg.jacobian_freq >= 1.0:
-            result = budgeted(reg.jacobian_samples)
+        applied = jnp.asarray(jacobian is not None, jnp.float32)
+        if jacobian is None or reg.jacobian_freq >= 1.0:
+            result = budgeted(regularised)
         else:
             draw = reg.draw(k_draw)
             applied = draw.astype(jnp.float32)
-            result = jax.lax.cond(draw, lambda: budgeted(reg.jacobian_samples), lambda: budgeted(0))
+            result = jax.lax.cond(draw, lambda: budgeted(regularised), lambda: budgeted(plain))
         (loss, aux), (grads, probe_grad) = result
-        task_loss, term, align, aux_loss, spectral, outputs, stats, new_model_state = aux
-        metrics = {"loss": loss, "task_loss": task_loss}
-        if aux_loss is not None:
-            metrics["aux_loss"] = aux_loss
-        if spectral is not None:
-            metrics.update(spectral)
-        task_metrics = _task_metrics(metrics_fn, outputs, targets, mask, extra)
+        metrics = {"loss": loss, "task_loss": aux["task_loss"]}
+        if aux["aux_loss"] is not None:
+            metrics["aux_loss"] = aux["aux_loss"]
+        metrics.update(aux["terms"])
+        task_metrics = _task_metrics(metrics_fn, aux["outputs"], targets, mask, extra)
         if not regression:
             metrics["accuracy"] = next(iter(task_metrics.values()))
         metrics.update(task_metrics)
-        metrics.update(solver_metrics(stats, mask))
+        metrics.update(solver_metrics(aux["stats"], mask))
         for name, value in read_stats_probe(probe_grad).items():
             metrics[f"bwd_{name}"] = value
-        if reg.enabled:
-            metrics["jacobian_weight"] = weight
+        if jacobian is not None:
+            metrics["jacobian_weight"] = jacobian.weight_at(state.step)
             metrics["jacobian_applied"] = applied
-            metrics["jacobian_term"] = term
         if pi.budgets:
             metrics["train_budget"] = jnp.asarray(pi.budgets, jnp.float32)[budget_index]
-        if pi.alignment:
-            metrics["alignment_term"] = align
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        state = state.apply_gradients(grads=grads, model_state=new_model_state)
+        state = state.apply_gradients(grads=grads, model_state=aux["model_state"])
         return state, metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
@@ -330,18 +265,19 @@ def make_spectral_step(
       Regularization", ICML 2021.
     """
 
+    probe = with_terms(model, (SpectralRadius(iters=iters),))
+
     def spectral_step(state: TrainState, batch: dict[str, jax.Array]):
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: _step_key(state)}
-        _, new_state = model.apply(
+        _, new_state = probe.apply(
             state.variables(),
             batch["inputs"],
             train=True,
             rngs=rngs,
             mutable=[INTERMEDIATES],
-            spectral_iters=iters,
             **{k: batch[k] for k in extras},
         )
-        rho = sown(new_state[INTERMEDIATES], "spectral_radius")  # [B]
+        rho = sown(new_state[INTERMEDIATES], SpectralRadius.name)  # [B]
         return {"spectral_radius": masked_mean(rho, batch["mask"])}
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
@@ -380,7 +316,7 @@ def make_eval_step(
     settle = settle or SettleRule()
     if settle.patience and regression:
         raise ValueError(
-            "eval.settle_patience stops a solve when the argmax of the outputs settles; "
+            "deq.settle_patience stops a solve when the argmax of the outputs settles; "
             "a regression task has no discrete answer (set it to 0)."
         )
 
@@ -403,21 +339,3 @@ def make_eval_step(
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
     return jax.jit(eval_step, in_shardings=(repl, data), out_shardings=repl)
-
-
-def combine(batches: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Combines per-batch eval metrics: ``*_max`` by max, ``count`` by sum, others by
-    the mean weighted with ``count``."""
-    counts = [float(b["count"]) for b in batches]
-    total = sum(counts)
-    out: dict[str, float] = {"count": total}
-    for key in batches[0]:
-        if key == "count":
-            continue
-        values = [float(b[key]) for b in batches]
-        if key.endswith("_max"):
-            seen = [v for v, c in zip(values, counts, strict=True) if c > 0]
-            out[key] = max(seen) if seen else 0.0
-        else:
-            out[key] = sum(v * c for v, c in zip(values, counts, strict=True)) / max(total, 1.0)
-    return out

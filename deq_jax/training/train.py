@@ -36,11 +36,12 @@ from deq_jax.neural_solver.fit import NeuralSolverSpec
 from deq_jax.training import evaluate
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.metrics import is_regression
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import setup
 from deq_jax.training.state import TrainState
-from deq_jax.training.steps import is_regression, make_spectral_step, make_train_step
+from deq_jax.training.steps import make_spectral_step, make_train_step
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 
@@ -101,9 +102,9 @@ def _write_config(config: Any, workdir: str) -> None:
 
 
 def _budgets(config: Any) -> dict[str, int]:
-    base = config.model.train_max_iter
+    base = config.deq.train_max_iter
     if not base:
-        raise ValueError("model.train_max_iter must be set for the per-length report.")
+        raise ValueError("deq.train_max_iter must be set for the per-length report.")
     return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
 
 
@@ -186,7 +187,7 @@ def train_and_evaluate(
             mesh,
             config.eval.batch_size,
             max_batches=config.eval.max_batches,
-            settle=SettleRule.from_config(config.eval),
+            settle=SettleRule.from_config(config.deq),
         )
         return train_step, spectral_step, evaluator
 
@@ -270,7 +271,7 @@ def train_and_evaluate(
                     workdir, report, {**extra, "train_seconds": train_seconds}
                 )
                 emit(f"Wrote {path}")
-            eval_budget = config.model.eval_max_iter or config.model.train_max_iter
+            eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
             same = [b for b, k in _budgets(config).items() if k == eval_budget]
             if same:
                 eval_metrics = {s: report[same[0]][s] for s in eval_splits}

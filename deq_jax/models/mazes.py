@@ -6,7 +6,7 @@ that projection is injected into a `Conv2DCell` at every iteration of the `DEQ`,
 three 3x3 convolutions read the fixed point out per pixel. Every layer is a
 convolution, so a model trained on 9x9 mazes runs unchanged on 13x13 or 33x33 ones,
 where more solver iterations can pay off. Registered as ``maze_deq`` in
-`deq_jax.nn.models`.
+`deq_jax.models`.
 
 Two stems. ``stem="pixels"`` runs the DEQ on the image's pixels. ``stem="grid"`` uses
 the maze format (`deq_jax.tasks.mazes`: a ``(2n + 1)^2`` grid upscaled 2x and framed by
@@ -34,8 +34,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax.models.recall import RecallDEQ
 from deq_jax.nn.cells import Conv2DCell
-from deq_jax.nn.recall import RecallDEQ
 
 STEMS = ("pixels", "grid")
 
@@ -59,12 +59,8 @@ class MazeDEQ(RecallDEQ):
       norm_groups: groups of the group norm.
       weight_norm: weight-normalise the cell's convolutions.
       dropout_rate: the cell's variational dropout rate.
-      solver: the DEQ's forward solver.
-      backward: the DEQ's backward mode.
-      z_init: the initial state, ``"zeros"``, ``"normal"`` or ``"mixed"`` (the
-        path-independent training of Anil et al.).
-      train_max_iter: the solver budget in training (``None``: the solver's).
-      eval_max_iter: the solver budget in evaluation (``None``: the solver's).
+      deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`: solver, backward mode,
+        initial state, train and eval budgets).
       stem: ``"pixels"`` (the DEQ runs on the image) or ``"grid"`` (on the maze grid;
         the image must be a framed 2x upscale, ``H, W = 2 g + 2``, as the maze task's
         are; see the module docstring).

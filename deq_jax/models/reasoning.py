@@ -1,6 +1,6 @@
 """Models of the reasoning tasks of the path-independence suite: graphs and matrices.
 
-Called like the models of `deq_jax.nn.models` (``model.apply(variables, inputs,
+Called like the models of `deq_jax.models` (``model.apply(variables, inputs,
 train=..., max_iter=None, **deq_options) -> (outputs, stats)``); `EdgeCopyDEQ` also
 takes the graph's ``adjacency`` keyword, which the training steps hand over because
 the edge-copy task lists it in ``batch_extras``.
@@ -11,7 +11,7 @@ the edge-copy task lists it in ``batch_extras``.
 * `MatrixInversionDEQ` (``matrix_inversion_deq``): a flattened ``d x d`` matrix
   injected into an `MLPCell`, read out as a ``d x d`` matrix.
 
-The blurry-digits task reuses `deq_jax.nn.models.DigitsDEQ`.
+The blurry-digits task reuses `deq_jax.models.vision.DigitsDEQ`.
 
 References:
   Du, Li, Tenenbaum, Mordatch, "Learning Iterative Reasoning through Energy
@@ -28,13 +28,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.backward.base import Backward
-from deq_jax.backward.ift import ift
 from deq_jax.nn.cells import MLPCell
-from deq_jax.nn.deq import float_dtype, solve_cell, state_like
+from deq_jax.nn.deq import DEQ
 from deq_jax.nn.dropout import VariationalDropout
-from deq_jax.solvers.anderson import anderson
-from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.nn.spec import DEQSpec
+from deq_jax.nn.state import float_dtype, state_like
+from deq_jax.solvers.base import SolverStats
 
 # The z -> z' kernels start small (spectral radius about 1/2), so a fresh cell is
 # close to contractive, as in `deq_jax.nn.cells`.
@@ -143,11 +142,8 @@ class EdgeCopyDEQ(nn.Module):
       width: the state size per edge.
       hidden: the hidden width of the cell's update MLP.
       dropout_rate: the cell's variational dropout rate.
-      solver: the DEQ's forward solver.
-      backward: the DEQ's backward mode.
-      z_init: the initial state, ``"zeros"``, ``"normal"`` or ``"mixed"``.
-      train_max_iter: the solver budget in training (``None``: the solver's).
-      eval_max_iter: the solver budget in evaluation (``None``: the solver's).
+      deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`: solver, backward mode,
+        initial state, train and eval budgets).
 
     References:
       Du, Li, Tenenbaum, Mordatch, "Learning Iterative Reasoning through Energy
@@ -159,11 +155,7 @@ class EdgeCopyDEQ(nn.Module):
     width: int = 32
     hidden: int = 64
     dropout_rate: float = 0.0
-    solver: Solver = anderson()
-    backward: Backward = ift()
-    z_init: str = "zeros"
-    train_max_iter: int | None = None
-    eval_max_iter: int | None = None
+    deq: DEQSpec = DEQSpec()
 
     @nn.compact
     def __call__(
@@ -193,7 +185,9 @@ class EdgeCopyDEQ(nn.Module):
         a = adjacency.astype(float_dtype(x.dtype))
         u = nn.Dense(self.width, name="project")(x) * a[..., None]  # [B, n, n, width]
         cell = EdgeCell(self.width, hidden=self.hidden, dropout_rate=self.dropout_rate, name="cell")
-        z, stats = solve_cell(self, cell, (u, a), train, max_iter, deq_options)
+        z, stats = DEQ(cell, spec=self.deq, name="deq")(
+            (u, a), train=train, max_iter=max_iter, **deq_options
+        )
         outputs = nn.Dense(x.shape[-1], name="head")(z) * a[..., None]  # [B, n, n, C]
         return outputs, stats
 
@@ -211,11 +205,8 @@ class MatrixInversionDEQ(nn.Module):
       hidden: the hidden width of the cell.
       weight_norm: weight-normalise the cell's recurrent layers.
       dropout_rate: the cell's variational dropout rate.
-      solver: the DEQ's forward solver.
-      backward: the DEQ's backward mode.
-      z_init: the initial state, ``"zeros"``, ``"normal"`` or ``"mixed"``.
-      train_max_iter: the solver budget in training (``None``: the solver's).
-      eval_max_iter: the solver budget in evaluation (``None``: the solver's).
+      deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`: solver, backward mode,
+        initial state, train and eval budgets).
 
     References:
       Du, Li, Tenenbaum, Mordatch, "Learning Iterative Reasoning through Energy
@@ -228,11 +219,7 @@ class MatrixInversionDEQ(nn.Module):
     hidden: int = 256
     weight_norm: bool = False
     dropout_rate: float = 0.0
-    solver: Solver = anderson()
-    backward: Backward = ift()
-    z_init: str = "zeros"
-    train_max_iter: int | None = None
-    eval_max_iter: int | None = None
+    deq: DEQSpec = DEQSpec()
 
     @nn.compact
     def __call__(
@@ -252,6 +239,8 @@ class MatrixInversionDEQ(nn.Module):
             dropout_rate=self.dropout_rate,
             name="cell",
         )
-        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, width]
+        z, stats = DEQ(cell, spec=self.deq, name="deq")(
+            u, train=train, max_iter=max_iter, **deq_options
+        )  # [B, width]
         outputs = nn.Dense(dim * dim, name="head")(z)  # [B, d * d]
         return outputs.reshape(batch, dim, dim), stats

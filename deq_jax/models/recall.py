@@ -5,8 +5,8 @@ An input ``x [B, *spatial, C]`` is projected to ``width`` channels (a convolutio
 ReLU), that projection is injected into a convolutional recall cell at every iteration
 of the `DEQ`, and the fixed point is read out per position by three convolutions
 (``width -> width -> width // 2 -> num_classes``). Every layer is a convolution, so the
-same parameters run on any length or image size. `deq_jax.nn.models.PrefixSumDEQ`
-(sequences, `Conv1DCell`) and `deq_jax.nn.maze_model.MazeDEQ` (images, `Conv2DCell`)
+same parameters run on any length or image size. `deq_jax.models.PrefixSumDEQ`
+(sequences, `Conv1DCell`) and `deq_jax.models.mazes.MazeDEQ` (images, `Conv2DCell`)
 are its two instances; they differ only in the cell and the expected input rank.
 
 References:
@@ -23,11 +23,10 @@ from typing import Any, ClassVar
 import flax.linen as nn
 import jax
 
-from deq_jax.backward.base import Backward
-from deq_jax.backward.ift import ift
-from deq_jax.nn.deq import solve_cell
-from deq_jax.solvers.anderson import anderson
-from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.nn.cells import Conv1DCell
+from deq_jax.nn.deq import DEQ
+from deq_jax.nn.spec import DEQSpec
+from deq_jax.solvers.base import SolverStats
 
 
 class RecallDEQ(nn.Module):
@@ -51,11 +50,7 @@ class RecallDEQ(nn.Module):
     norm_groups: int = 4
     weight_norm: bool = False
     dropout_rate: float = 0.0
-    solver: Solver = anderson()
-    backward: Backward = ift()
-    z_init: str = "zeros"
-    train_max_iter: int | None = None
-    eval_max_iter: int | None = None
+    deq: DEQSpec = DEQSpec()
 
     @nn.compact
     def __call__(
@@ -90,7 +85,9 @@ class RecallDEQ(nn.Module):
             dropout_rate=self.dropout_rate,
             name="cell",
         )
-        z, stats = solve_cell(self, cell, u, train, max_iter, deq_options)  # [B, *grid, width]
+        z, stats = DEQ(cell, spec=self.deq, name="deq")(
+            u, train=train, max_iter=max_iter, **deq_options
+        )  # [B, *grid, width]
         h = nn.relu(conv(self.width, "head_0")(z))  # [B, *grid, width]
         h = nn.relu(conv(max(self.width // 2, 1), "head_1")(h))  # [B, *grid, width // 2]
         logits = conv(self.num_classes, "head_out")(h)  # [B, *grid, num_classes]
@@ -103,3 +100,34 @@ class RecallDEQ(nn.Module):
     def from_cell_grid(self, logits: jax.Array) -> jax.Array:
         """Per-grid-point logits back on the input's positions; undoes `to_cell_grid`."""
         return logits
+
+
+class PrefixSumDEQ(RecallDEQ):
+    """Per-position classifier of sequences through a 1-D convolutional DEQ.
+
+    ``x [B, L, C]`` is projected to ``[B, L, width]`` (a convolution and a ReLU), that
+    projection is injected into a `Conv1DCell` at every iteration of the `DEQ`, and the
+    fixed point ``z* [B, L, width]`` is read out per position by three convolutions
+    (``width -> width -> width // 2 -> num_classes``), as in the deep-thinking
+    networks. The model is length-agnostic: any ``L`` works with the same parameters.
+
+    Attributes:
+      width: channels of the projection, the state and the head.
+      num_blocks: residual blocks of the cell.
+      kernel_size: the convolution window everywhere.
+      num_classes: classes per position (2 for prefix sums).
+      norm: the cell's per-sample normalisation (``None``, ``"group"``, ``"layer"``).
+      norm_groups: groups of the group norm.
+      weight_norm: weight-normalise the cell's convolutions.
+      dropout_rate: the cell's variational dropout rate.
+      deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`: solver, backward mode,
+        initial state, train and eval budgets).
+
+    References:
+      Schwarzschild et al., "Can You Learn an Algorithm?", NeurIPS 2021.
+      Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
+      Computation", NeurIPS 2022.
+    """
+
+    cell_type: ClassVar[type[nn.Module]] = Conv1DCell
+    input_layout: ClassVar[str] = "inputs [B, L, C]"
