@@ -56,7 +56,7 @@ Sections:
     unroll + backprop is ``deq.solver.name="fixed_point_iteration"``,
     ``deq.solver.full_budget=True``, ``deq.backward.name="unrolled"``.
   neural_solver: the neural DEQ solver of Bai et al. (2022)
-    (`deq_jax.neural_solver.fit.NeuralSolverSpec`). A non-empty ``deq_workdir`` makes
+    (`deq_jax.training.NeuralSolverSpec`). A non-empty ``deq_workdir`` makes
     ``launch.main`` restore that trained DEQ and fit a HyperAnderson solver and
     initialiser to it (``configs/*_hypersolver.py``; the first ``detached_steps`` of its
     ``train_steps`` skip the backward pass through the cell); ``alternating=True`` instead

@@ -112,7 +112,7 @@ def main(argv: Sequence[str]) -> None:
     quiet_library_logs()
     config, emit = _CONFIG.value, functools.partial(print, flush=True)
     if config.get("neural_solver", {}).get("deq_workdir", ""):
-        from deq_jax.neural_solver.run import train_hypersolver
+        from deq_jax.training import train_hypersolver
 
         train_hypersolver(config, _WORKDIR.value, emit=emit)
     else:

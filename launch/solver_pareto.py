@@ -129,7 +129,7 @@ def sweep(
 
 def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> dict[str, list]:
     """Mean relative residual after each solver step (Figure 8a), one batch."""
-    from deq_jax.analysis.model_analysis import deq_call
+    from deq_jax.nn.intercept import deq_call
 
     task = hyper.deq.task
     batch = next(iter(task.eval_iterator(split, batch_size)))
@@ -191,7 +191,7 @@ def run_pareto(
     emit: Callable[[str], None] = print,
 ) -> dict:
     """Sweeps, summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
-    from deq_jax.neural_solver.run import load_hypersolver
+    from deq_jax.training.hypersolver import load_hypersolver
     from launch.solver_pareto_plots import plot_pareto
 
     hyper = load_hypersolver(config, workdir, emit)

@@ -14,10 +14,9 @@ from configs import mazes as maze_config
 from configs import mazes_hypersolver
 from deq_jax import backward, models, solvers
 from deq_jax.models.mazes import MazeDEQ
-from deq_jax.neural_solver.run import train_hypersolver
 from deq_jax.nn import DEQSpec
 from deq_jax.tasks.mazes import MazeConfig, image_size, load
-from deq_jax.training import train_and_evaluate, writers
+from deq_jax.training import train_and_evaluate, train_hypersolver, writers
 
 WIDTH = 8
 

@@ -14,6 +14,7 @@ import deq_jax as dj
 from deq_jax import neural_solver as ns
 from deq_jax.nn.cells import MLPCell
 from deq_jax.nn.deq import DEQ
+from deq_jax.training import train_neural_solver
 
 D, DX, B = 16, 8, 16
 
@@ -218,7 +219,7 @@ def test_detached_steps_train_and_validate():
     solver = ns.init_neural_solver(jax.random.PRNGKey(0), (D,))
     h_phi = ns.make_initializer("vector", features=D)
     run = functools.partial(
-        ns.train_neural_solver,
+        train_neural_solver,
         solver,
         h_phi,
         f,
@@ -372,7 +373,7 @@ def trained():
     untrained = ns.init_neural_solver(k_solver, (D,), tol=1e-4, max_iter=60)
     h_phi = ns.make_initializer("vector", features=D)
     progress = []
-    result = ns.train_neural_solver(
+    result = train_neural_solver(
         untrained,
         h_phi,
         f,

@@ -13,15 +13,15 @@ import pytest
 import deq_jax as dj
 from configs import digits, digits_hypersolver, prefix_sum_hypersolver
 from deq_jax.neural_solver import hyper_anderson_init, hyper_anderson_step, init_neural_solver
-from deq_jax.neural_solver.fit import NeuralSolverSpec
-from deq_jax.neural_solver.frozen import FrozenDEQ, initializer_kind
 from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
 from deq_jax.neural_solver.loss import neural_solver_loss
-from deq_jax.neural_solver.run import load_hypersolver, train_hypersolver
 from deq_jax.solvers.anderson import anderson_weights
 from deq_jax.training import train_and_evaluate
 from deq_jax.training.alternating import AlternatingSolver
+from deq_jax.training.frozen_deq import FrozenDEQ, initializer_kind
+from deq_jax.training.hypersolver import load_hypersolver, train_hypersolver
 from deq_jax.training.setup import setup
+from deq_jax.training.solver_fit import NeuralSolverSpec
 
 
 def _affine(d=6, seed=0):

@@ -1,21 +1,12 @@
 """Path-independence analysis of whole task models, not just of a bare `DEQ`.
 
-A task model (`deq_jax.models`) wraps its `deq_jax.nn.DEQ` between an input
-projection and a readout. `deq_call` runs the model in eval mode while intercepting the
-call of its (first) DEQ: it can replace the DEQ's initial state or budget, and it
-captures the fixed point, the solver statistics and the DEQ's problem as pure pieces
-(`deq_jax.nn.EquilibriumProblem`: ``f(z, args)``, ``z0``, ``args``, ``solver``), the
-inputs of the cell-level tools `aa_score` and `adversarial_aa`. On top of it:
+`deq_jax.nn.deq_call` intercepts a task model's (`deq_jax.models`) first DEQ call and hands back its
+problem as pure pieces, the inputs of the cell-level tools `aa_score` and
+`adversarial_aa`. On top of it:
 
 * `model_aa_score`: Algorithm 1 of Anil et al. on a whole model;
 * `model_adversarial_aa`: the attacked AA score and the model's outputs at the attacked
-  fixed points (for attacked accuracy);
-* `outputs_at`: the model's outputs read out from a given state instead of a solve;
-* `settled_apply`: the model in eval mode with its DEQ stopping each sample once the
-  model's decoded answer stops changing (`deq_jax.fixed_point.solve_until_settled`).
-
-Nothing here changes the model's code: the interception uses
-`flax.linen.intercept_methods`.
+  fixed points (for attacked accuracy, read out by `deq_jax.nn.outputs_at`).
 
 References:
   Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent
@@ -25,8 +16,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -34,138 +24,7 @@ import jax.numpy as jnp
 
 from deq_jax.analysis.adversarial import AttackResult, adversarial_aa
 from deq_jax.analysis.path_independence import derangement, per_sample_cosine
-from deq_jax.fixed_point import solve_until_settled
-from deq_jax.nn.deq import DEQ, EquilibriumProblem
-from deq_jax.solvers.base import SolverStats
-
-
-class DEQCall(NamedTuple):
-    """What `deq_call` saw.
-
-    Attributes:
-      outputs: the model's outputs.
-      z_star: the fixed point of the model's first DEQ.
-      stats: that DEQ's per-sample `deq_jax.SolverStats`.
-      problem: that DEQ's `EquilibriumProblem` (with the initial state actually used).
-    """
-
-    outputs: Any
-    z_star: Any
-    stats: SolverStats
-    problem: EquilibriumProblem
-
-
-def _apply_with_first_deq(
-    model: nn.Module,
-    variables: Any,
-    inputs: Any,
-    on_deq: Callable[..., Any],
-    *,
-    strict: bool = True,
-    **apply_kwargs: Any,
-) -> Any:
-    """``model.apply(variables, inputs, train=False, **apply_kwargs)`` with the call of its
-    first `DEQ` replaced by ``on_deq(next_fun, x, z0, kwargs, deq)`` (``next_fun`` runs
-    the DEQ as usual; later DEQ calls, e.g. from ``on_deq`` itself, run as usual).
-
-    Raises:
-      ValueError: if ``strict`` and the model called no `DEQ`.
-    """
-    seen: list[bool] = []
-
-    def interceptor(next_fun, args, kwargs, context):
-        if seen or not isinstance(context.module, DEQ) or context.method_name != "__call__":
-            return next_fun(*args, **kwargs)
-        seen.append(True)
-        kwargs = dict(kwargs)
-        x, start = args[0], (args[1] if len(args) > 1 else kwargs.pop("z0", None))
-        return on_deq(next_fun, x, start, kwargs, context.module)
-
-    with nn.intercept_methods(interceptor):
-        result = model.apply(variables, inputs, train=False, **apply_kwargs)
-    if strict and not seen:
-        raise ValueError(f"{type(model).__name__} called no deq_jax.nn.DEQ.")
-    return result
-
-
-def deq_call(
-    model: nn.Module,
-    variables: Any,
-    inputs: Any,
-    *,
-    z0: Any = None,
-    max_iter: int | None = None,
-    rngs: dict[str, jax.Array] | None = None,
-    **model_kwargs: Any,
-) -> DEQCall:
-    """Applies ``model`` in eval mode, intercepting its first `DEQ` call.
-
-    Args:
-      model: a linen model holding at least one `deq_jax.nn.DEQ`.
-      variables: its variables.
-      inputs: the model's inputs.
-      z0: the initial state of the DEQ's solve (``None``: its ``z_init``).
-      max_iter: the DEQ's budget (``None``: the model's eval budget).
-      rngs: rngs of the call (``{"z0": key}`` for a random ``z_init``).
-      **model_kwargs: more keywords of the model call (e.g. ``adjacency``).
-
-    Returns:
-      A `DEQCall`.
-
-    Raises:
-      ValueError: if the model called no `DEQ`.
-    """
-    seen: list[tuple[EquilibriumProblem, Any]] = []
-
-    def on_deq(next_fun, x, start, kwargs, deq):
-        if z0 is not None:
-            start = z0
-        if max_iter is not None:
-            kwargs["max_iter"] = max_iter
-        problem = deq.problem(x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter"))
-        out = next_fun(x, problem.z0, **kwargs)
-        seen.append((problem, out))
-        return out
-
-    outputs, _ = _apply_with_first_deq(model, variables, inputs, on_deq, rngs=rngs, **model_kwargs)
-    problem, (z_star, stats) = seen[0]
-    return DEQCall(outputs, z_star, stats, problem)
-
-
-def outputs_at(
-    model: nn.Module, variables: Any, inputs: Any, z_star: Any, **model_kwargs: Any
-) -> Any:
-    """The model's outputs when its (first) DEQ returns ``z_star``, without a solve.
-
-    Reads attacked (or any other) fixed points out through the model's readout: the DEQ
-    call is replaced by ``z_star`` (checked against the cell's ``state_spec``) and
-    placeholder statistics (one step, converged), so the cell is not evaluated unless
-    the readout itself calls it.
-
-    Raises:
-      ValueError: if the model called no `DEQ`, or ``z_star`` does not fit its cell.
-    """
-
-    def on_deq(next_fun, x, start, kwargs, deq):
-        z = deq.initial_state(x, z_star)
-        return z, _placeholder_stats(z)
-
-    outputs, _ = _apply_with_first_deq(model, variables, inputs, on_deq, **model_kwargs)
-    return outputs
-
-
-def _placeholder_stats(z: Any) -> SolverStats:
-    """Statistics of a state taken as given: one step, converged, zero residual."""
-    batch = jax.tree_util.tree_leaves(z)[0].shape[0]
-    zeros = jnp.zeros((batch,), jnp.float32)
-    return SolverStats(
-        nstep=jnp.ones((batch,), jnp.int32),
-        abs_residual=zeros,
-        rel_residual=zeros,
-        converged=jnp.ones((batch,), bool),
-        diverged=jnp.zeros((batch,), bool),
-        trace=zeros[:, None],
-    )
+from deq_jax.nn.intercept import DEQCall, deq_call, outputs_at
 
 
 def model_aa_score(
@@ -244,75 +103,3 @@ def model_adversarial_aa(
     attack = adversarial_aa(p.f, p.z0, p.args, solver=p.solver, key=key, **attack_options)
     outputs = outputs_at(model, variables, inputs, attack.fixed_points, **model_kwargs)
     return attack, outputs
-
-
-def argmax_answer(outputs: jax.Array) -> jax.Array:
-    """The decoded answer of classification logits: the argmax over the last axis."""
-    return jnp.argmax(outputs, axis=-1)
-
-
-def settled_apply(
-    model: nn.Module,
-    variables: Any,
-    inputs: Any,
-    *,
-    patience: int = 2,
-    answer: Callable[[Any], Any] = argmax_answer,
-    max_iter: int | None = None,
-    tol: float | None = None,
-    rngs: dict[str, jax.Array] | None = None,
-    strict: bool = True,
-    **model_kwargs: Any,
-) -> tuple[Any, SolverStats]:
-    """Applies ``model`` in eval mode; its first `DEQ` also stops once the answer settles.
-
-    Each sample's solve stops when the model's decoded answer, ``answer(outputs)`` read
-    out at the current iterate (`outputs_at`), has been the same for ``patience``
-    evaluations in a row, or when the residual passes the solver's ``tol``, whichever
-    comes first (`deq_jax.fixed_point.solve_until_settled`). The model then decodes the
-    state it stopped at. Each step also runs the model's readout at the iterate (the
-    input projection and the decoder; `outputs_at` skips the DEQ). Forward only.
-
-    Args:
-      model: a linen model whose ``apply(variables, inputs, train=False, ...)`` returns
-        ``(outputs, stats)`` and calls a `deq_jax.nn.DEQ`.
-      variables: its variables.
-      inputs: its inputs.
-      patience: evaluations in a row with an unchanged answer that stop a sample.
-      answer: ``outputs -> pytree`` of discrete arrays with the batch axis first (by
-        default the argmax of the logits).
-      max_iter: the DEQ's budget (``None``: the model's eval budget).
-      tol: the residual tolerance of the solve (``None``: the solver's). A smaller one
-        leaves the stop to the answer: a graph's whole-state residual passes a loose
-        tolerance sooner the larger the graph, while some nodes still move.
-      rngs: rngs of the call.
-      strict: raise if the model calls no `DEQ`; with ``False`` such a model (a CLRS
-        model in ``fixed_steps`` or ``hint_propagation`` mode) is applied as usual.
-      **model_kwargs: more keywords of the model call.
-
-    Returns:
-      ``(outputs, stats)`` as the model returns them; ``stats.nstep`` counts the
-      evaluations of the cell until each sample stopped.
-
-    Raises:
-      ValueError: if ``strict`` and the model called no `DEQ`, or for a ``patience``
-        below 1.
-    """
-
-    def readout(z):
-        return answer(outputs_at(model, variables, inputs, z, **model_kwargs))
-
-    def on_deq(next_fun, x, start, kwargs, deq):
-        # the readout's own model calls pass: only the first DEQ call is handed here
-        problem = deq.problem(x, start, train=kwargs["train"], max_iter=kwargs.get("max_iter"))
-        solver = problem.solver if tol is None else problem.solver.replace(tol=tol)
-        sol = solve_until_settled(
-            problem.f, problem.z0, problem.args, solver=solver, readout=readout, patience=patience
-        )
-        return sol.value, sol.stats
-
-    call_kwargs = dict(model_kwargs) if max_iter is None else dict(model_kwargs, max_iter=max_iter)
-    outputs, stats = _apply_with_first_deq(
-        model, variables, inputs, on_deq, strict=strict, rngs=rngs, **call_kwargs
-    )
-    return outputs, stats

@@ -4,12 +4,17 @@
   ``h_phi(x)``, the injection mapped to a first state.
 * `neural_solver`: HyperAnderson with trained weights, a `deq_jax.Solver` usable in
   `deq_jax.fixed_point` and `deq_jax.nn.DEQ`; `init_neural_solver` builds an untrained one.
-* `neural_solver_loss`, `unroll`, `step_weights`, `linear_decay`, `train_neural_solver`:
-  training with the DEQ frozen.
+* `neural_solver_loss`, `unroll`, `step_weights`, `linear_decay`: the training objective
+  with the DEQ frozen.
+* `LearnedInit`: trained initialiser variables as a DEQ's ``z_init``.
 * Kernels: `normalize_alpha`, `hyper_anderson_update`, `hyper_anderson_step`,
   `pool_residual`, `history_features`.
 
+Fitting them to a trained DEQ is training's business (`deq_jax.training`:
+`train_neural_solver`, `FrozenDEQ`, `train_hypersolver`, the alternating mode).
 Typical use::
+
+    from deq_jax.training import train_neural_solver
 
     solver = init_neural_solver(key, state_shape=(16,), tol=1e-4, max_iter=40)
     h_phi = make_initializer("vector", features=16)
@@ -37,6 +42,7 @@ from deq_jax.neural_solver.hyper_anderson import (
 from deq_jax.neural_solver.initializer import (
     INITIALIZER_KINDS,
     ImageInitializer,
+    LearnedInit,
     SequenceInitializer,
     VectorInitializer,
     make_initializer,
@@ -50,7 +56,6 @@ from deq_jax.neural_solver.loss import (
 )
 from deq_jax.neural_solver.params import FrozenParams
 from deq_jax.neural_solver.solver import init_neural_solver, init_params, neural_solver
-from deq_jax.neural_solver.train import TrainedNeuralSolver, train_neural_solver
 
 __all__ = [
     "INITIALIZER_KINDS",
@@ -60,8 +65,8 @@ __all__ = [
     "HyperAndersonState",
     "HyperAndersonStep",
     "ImageInitializer",
+    "LearnedInit",
     "SequenceInitializer",
-    "TrainedNeuralSolver",
     "Unrolled",
     "VectorInitializer",
     "history_features",
@@ -77,6 +82,5 @@ __all__ = [
     "normalize_alpha",
     "pool_residual",
     "step_weights",
-    "train_neural_solver",
     "unroll",
 ]

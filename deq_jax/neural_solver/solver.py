@@ -46,7 +46,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
     """A HyperAnderson solver with trained weights.
 
     Build an untrained one with `init_neural_solver`, train it with
-    `deq_jax.neural_solver.train_neural_solver`, then use it as any solver::
+    `deq_jax.training.train_neural_solver`, then use it as any solver::
 
         sol = dj.fixed_point(f, z0, args, solver=trained,
                              backward=dj.backward.ift(solver=dj.solvers.anderson(tol=1e-6)))

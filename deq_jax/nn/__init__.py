@@ -4,6 +4,7 @@
 as its `DEQSpec` says (solver, backward mode, initial state, budgets); the
 cells (`MLPCell`, `Conv1DCell`, `Conv2DCell`), weight and spectral normalisation and
 `VariationalDropout` (one mask for every iteration) are building blocks for cells.
+`deq_call`, `outputs_at` and `settled_apply` intercept a whole model's DEQ call.
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -12,12 +13,14 @@ References:
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
 from deq_jax.nn.deq import DEQ, EquilibriumProblem, with_terms
 from deq_jax.nn.dropout import VariationalDropout
+from deq_jax.nn.intercept import DEQCall, argmax_answer, deq_call, outputs_at, settled_apply
 from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
 from deq_jax.nn.spec import Z_INITS, DEQSpec
 from deq_jax.nn.state import initial_state, state_like
 
 __all__ = [
     "DEQ",
+    "DEQCall",
     "DEQSpec",
     "Z_INITS",
     "Conv1DCell",
@@ -28,7 +31,11 @@ __all__ = [
     "VariationalDropout",
     "WeightNormConv",
     "WeightNormDense",
+    "argmax_answer",
+    "deq_call",
     "initial_state",
+    "outputs_at",
+    "settled_apply",
     "state_like",
     "weight_norm_kernel",
     "with_terms",

@@ -6,46 +6,68 @@ split and solver budget. The pieces are usable on their own: `TrainState`,
 `make_train_step` / `make_eval_step`, `make_optimizer`, `Checkpointer`, the sharding
 helpers and the metric writers.
 
+Fitting a neural solver (`deq_jax.neural_solver`) to a trained DEQ lives here too:
+`train_hypersolver(config, workdir)` fits one to the DEQ of
+``neural_solver.deq_workdir`` (``launch/main.py`` runs it when that is set) and
+`load_hypersolver` restores it; `FrozenDEQ` makes its training data, `collect_targets`
+and `NeuralSolverSpec` the pool and the config section, `train_neural_solver` the optax
+loop, and `AlternatingSolver` alternates DEQ and solver training.
+
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
   ICML 2021 (the Jacobian regulariser, `JacobianRegularizer`).
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
   Computation", NeurIPS 2022.
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (the solver fit).
 """
 
 from deq_jax.training import build, sharding
+from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
 from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
+from deq_jax.training.frozen_deq import FrozenDEQ, Targets
+from deq_jax.training.hypersolver import HyperSolverRun, load_hypersolver, train_hypersolver
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.metrics import classification_loss, regression_loss
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import Run, restore_trained, setup
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets
+from deq_jax.training.solver_train import TrainedNeuralSolver, train_neural_solver
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import make_eval_step, make_spectral_step, make_train_step
 from deq_jax.training.train import NonFiniteLossError, RunResult, train_and_evaluate
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 
 __all__ = [
+    "AlternatingSolver",
     "CheckpointMismatchError",
     "Checkpointer",
     "Evaluator",
+    "FrozenDEQ",
+    "HyperSolverRun",
     "JacobianRegularizer",
     "PathIndependence",
     "MetricWriter",
+    "NeuralSolverSpec",
     "NonFiniteLossError",
     "ProgressLogger",
     "Run",
     "RunResult",
     "SettleRule",
+    "SolverFit",
+    "Targets",
+    "TrainedNeuralSolver",
     "TrainState",
     "build",
     "classification_loss",
+    "collect_targets",
     "create_train_state",
     "evaluate_checkpoint",
     "length_report",
+    "load_hypersolver",
     "make_eval_step",
     "make_optimizer",
     "make_schedule",
@@ -57,4 +79,6 @@ __all__ = [
     "setup",
     "sharding",
     "train_and_evaluate",
+    "train_hypersolver",
+    "train_neural_solver",
 ]

@@ -27,9 +27,9 @@ import flax.linen as nn
 import jax
 
 from deq_jax.backward.ift import ift
-from deq_jax.neural_solver.fit import NeuralSolverSpec, SolverFit, collect_targets, fit
-from deq_jax.neural_solver.frozen import FrozenDEQ
 from deq_jax.solvers.anderson import anderson
+from deq_jax.training.frozen_deq import FrozenDEQ
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
 
 
 class AlternatingSolver:

@@ -3,7 +3,7 @@
 A model whose output is discrete (pointers, masks, classes) reaches its final answer
 long before the residual test passes. With ``patience > 0`` the eval solve of each
 sample also stops once the decoded answer has not changed for that many steps
-(`deq_jax.analysis.settled_apply`); the config keys are ``deq.settle_patience`` and
+(`deq_jax.nn.settled_apply`); the config keys are ``deq.settle_patience`` and
 ``deq.settle_tol``.
 """
 
@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from deq_jax.nn.intercept import settled_apply
+
 
 @dataclasses.dataclass(frozen=True)
 class SettleRule:
     """When an eval solve also stops: once the model's decoded answer (the argmax of
     its outputs) has not changed for ``patience`` steps (0: never; the residual test
     only), with the residual tolerance ``tol`` (0: the solver's own).
-    `deq_jax.analysis.settled_apply` runs it; `from_config` reads a config's ``deq``.
+    `deq_jax.nn.settled_apply` runs it; `from_config` reads a config's ``deq``.
 
     Raises:
       ValueError: for a negative or non-integer patience, or a negative tolerance.
@@ -40,12 +42,10 @@ class SettleRule:
 
     def apply(self, model: Any, variables: Any, inputs: Any, **kwargs: Any) -> tuple[Any, Any]:
         """``model.apply(variables, inputs, train=False, **kwargs)`` with this rule: through
-        `deq_jax.analysis.settled_apply` when ``patience > 0`` (a model that calls no
+        `deq_jax.nn.settled_apply` when ``patience > 0`` (a model that calls no
         `deq_jax.nn.DEQ` is applied as usual)."""
         if not self.patience:
             return model.apply(variables, inputs, train=False, **kwargs)
-        from deq_jax.analysis import settled_apply
-
         return settled_apply(
             model,
             variables,

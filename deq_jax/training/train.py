@@ -32,7 +32,6 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from deq_jax.neural_solver.fit import NeuralSolverSpec
 from deq_jax.training import evaluate
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.interventions import PathIndependence
@@ -40,6 +39,7 @@ from deq_jax.training.metrics import is_regression
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import setup
+from deq_jax.training.solver_fit import NeuralSolverSpec
 from deq_jax.training.state import TrainState
 from deq_jax.training.steps import make_spectral_step, make_train_step
 from deq_jax.training.writers import MetricWriter, ProgressLogger

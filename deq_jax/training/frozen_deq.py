@@ -3,7 +3,7 @@
 A neural solver is trained with the DEQ fixed: it needs the cell as a pure function
 ``f(z, args)``, the injected input ``x`` its initialiser reads, and the true fixed
 points ``z*``. `FrozenDEQ` takes any task model holding a `deq_jax.nn.DEQ` (through
-`deq_jax.analysis.deq_call`, so no model code changes), solves each batch to high
+`deq_jax.nn.deq_call`, so no model code changes), solves each batch to high
 accuracy with a classic solver run long (Anderson, 60+ steps by default), checks the
 residual and hands back ``(args, x, z*)``. It also builds a solver and initialiser sized
 for the model's state, and swaps a trained pair into the model (`FrozenDEQ.with_solver`).
@@ -21,8 +21,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from deq_jax.analysis.model_analysis import deq_call
 from deq_jax.neural_solver.initializer import LearnedInit
+from deq_jax.nn.intercept import deq_call
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver
 

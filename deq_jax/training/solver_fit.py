@@ -1,6 +1,6 @@
 """Fitting a neural solver to a frozen task model, from the ``neural_solver`` config section.
 
-Shared by the solver's own run (`deq_jax.neural_solver.run`) and by the alternating
+Shared by the solver's own run (`deq_jax.training.hypersolver`) and by the alternating
 mode of DEQ training (`deq_jax.training.alternating`):
 
 * `NeuralSolverSpec`: the config section as a dataclass (`NeuralSolverSpec.from_config`);
@@ -27,11 +27,11 @@ import numpy as np
 import optax
 
 from deq_jax._sections import from_section
-from deq_jax.neural_solver.frozen import FrozenDEQ, Targets, initializer_kind, learned_init
 from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
 from deq_jax.neural_solver.solver import init_neural_solver, neural_solver
-from deq_jax.neural_solver.train import train_neural_solver
 from deq_jax.solvers.anderson import anderson
+from deq_jax.training.frozen_deq import FrozenDEQ, Targets, initializer_kind, learned_init
+from deq_jax.training.solver_train import train_neural_solver
 
 
 @dataclasses.dataclass(frozen=True)

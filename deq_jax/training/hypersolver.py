@@ -32,10 +32,14 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from deq_jax.neural_solver.fit import NeuralSolverSpec, SolverFit, collect_targets, fit
-from deq_jax.neural_solver.frozen import FrozenDEQ
 from deq_jax.neural_solver.initializer import LearnedInit
 from deq_jax.neural_solver.solver import neural_solver
+from deq_jax.solvers.anderson import anderson
+from deq_jax.training.checkpoint import Checkpointer
+from deq_jax.training.evaluate import Evaluator, read_train_seconds
+from deq_jax.training.frozen_deq import FrozenDEQ
+from deq_jax.training.setup import setup
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
 
 REPORT_FILE = "neural_solver.json"
 # The variants a run fits: name -> (alpha_mode, with an initialiser).
@@ -73,8 +77,6 @@ def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, 
     Raises:
       ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
     """
-    from deq_jax.training.setup import setup
-
     spec = NeuralSolverSpec.from_config(config.neural_solver)
     if not spec.deq_workdir:
         raise ValueError(
@@ -105,8 +107,6 @@ def _count(tree: Any) -> int:
 
 
 def _save(directory: str, step: int, fitted: SolverFit) -> None:
-    from deq_jax.training.checkpoint import Checkpointer
-
     tree = {"solver": fitted.solver.variables}
     if fitted.init is not None:
         tree["init"] = fitted.init.params.tree
@@ -118,9 +118,6 @@ def _save(directory: str, step: int, fitted: SolverFit) -> None:
 def _evaluate(config: Any, deq: Any, frozen: FrozenDEQ, fitted: SolverFit) -> dict:
     """Eval-split metrics with Anderson and with the fitted solver, at ``spec.max_iter``
     (``eval.batch_size`` and ``eval.max_batches`` of the config)."""
-    from deq_jax.solvers.anderson import anderson
-    from deq_jax.training.evaluate import Evaluator
-
     spec = NeuralSolverSpec.from_config(config.neural_solver)
     models = {
         "anderson": frozen.with_solver(anderson(tol=spec.tol, max_iter=spec.max_iter)),
@@ -182,8 +179,6 @@ def train_hypersolver(
     main = fits["hyper_anderson"]
     deq_params = _count(deq.state.params)
     solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
-    from deq_jax.training.evaluate import read_train_seconds
-
     deq_seconds = read_train_seconds(spec.deq_workdir)
     fit_seconds = target_seconds + main.seconds
     report = {
@@ -226,8 +221,6 @@ def load_hypersolver(
     Raises:
       FileNotFoundError: if ``workdir`` holds no ``neural_solver.json``.
     """
-    from deq_jax.training.checkpoint import Checkpointer
-
     path = os.path.join(workdir, REPORT_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No {REPORT_FILE} in {workdir}: run train_hypersolver first.")
