@@ -13,7 +13,7 @@ scores 95.8% at 64 nodes (2,000 steps, hidden 64; 9 minutes on two CPU cores). T
     python -m launch.main --config configs/clrs_bellman_ford.py:large --workdir /tmp/clrs_bf_large
 
 The training graphs get extra edges that leave their shortest paths unchanged
-(``task.extra_edge_rate=1``, `deq_jax.tasks.clrs.augment`). Other modes:
+(``task.extra_edge_rate=1``, `deq_jax.models.clrs.augment`). Other modes:
 ``--config.model.mode=hint_propagation`` (iterate to the fixed point, backprop through
 time) or ``--config.model.mode=fixed_steps --config.regularizer.jacobian_weight=0
 --config.task.extra_edge_rate=0`` (the true number of steps with hint supervision,

@@ -1,8 +1,8 @@
 """The shared builder of the CLRS configs (``configs/clrs_<algorithm>.py``).
 
-One CLRS-30 algorithm (`deq_jax.tasks.clrs.ClrsTask`: train on 1000 graphs of 16
+One CLRS-30 algorithm (`deq_jax.models.clrs.ClrsTask`: train on 1000 graphs of 16
 nodes, validate on 32 of 16, test on 32 of 32 and 64 nodes) and the encode-process-
-decode model `deq_jax.nn.clrs_model.ClrsModel` (``clrs_deq``) with a gated MPNN
+decode model `deq_jax.models.clrs.model.ClrsModel` (``clrs_deq``) with a gated MPNN
 processor (CLRS's GMPNN; the MSTs use the Triplet-GMPNN, see `PROCESSORS`, Kruskal's
 decoding its edge latents, see `EDGE_LATENTS`).
 ``model.mode`` picks how the processor runs:
@@ -60,7 +60,7 @@ References:
 from ml_collections import ConfigDict
 
 from configs import default
-from deq_jax.tasks.clrs import ALGORITHMS, model_spec
+from deq_jax.models.clrs import ALGORITHMS, model_spec
 
 # Solver budgets (train, eval) per algorithm: the eval budget covers the longer runs of
 # the 64-node test graphs (Dijkstra and Prim take n + 1 steps, DFS 3n).
@@ -127,7 +127,7 @@ EDGE_STATES = {"mst_prim": 8}
 # 2,000 steps gave 59.9 / 64.6% at 64 nodes (train seeds 0, 1; val 95.9 / 94.1) against
 # 68.1 / 68.1 with the triplet max over every node.
 # ``task.extra_edge_rate`` (Bellman-Ford, Dijkstra and the MSTs: each training step adds
-# edges that leave a graph's output unchanged, `deq_jax.tasks.clrs.augment`, so the
+# edges that leave a graph's output unchanged, `deq_jax.models.clrs.augment`, so the
 # 16-node graphs show more neighbours per node, as the 64-node test graphs do). The
 # hints no longer fit those graphs, so it serves deq and hint_propagation only
 # (`launch.clrs_report` sets 0 for fixed_steps). Bellman-Ford's deq mode, mean over five

@@ -1,4 +1,4 @@
-"""Breaks a trained CLRS model's errors down (`deq_jax.tasks.clrs.diagnostics`).
+"""Breaks a trained CLRS model's errors down (`deq_jax.models.clrs.diagnostics`).
 
 Loads the latest checkpoint of a CLRS run (nothing is trained), predicts every graph
 of the chosen splits and prints, per split: the score, the accuracy by depth in the
@@ -89,7 +89,7 @@ def diagnose_run(
       FileNotFoundError: if the workdir holds no checkpoint.
       ValueError: for a task other than CLRS.
     """
-    from deq_jax.tasks.clrs import diagnostics
+    from deq_jax.models.clrs import diagnostics
     from deq_jax.training import SettleRule, restore_trained
 
     if config.task.name != "clrs":

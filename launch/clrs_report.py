@@ -49,7 +49,7 @@ from typing import Any
 from absl import app, flags
 
 from configs.clrs_common import MODES, clrs_config
-from deq_jax.tasks.clrs import ALGORITHMS, f1_from_counts
+from deq_jax.models.clrs import ALGORITHMS, f1_from_counts
 from deq_jax.training import NonFiniteLossError
 from launch import main as launch_main
 from launch.runs import apply_overrides, quiet, trained_run

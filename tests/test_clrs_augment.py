@@ -6,9 +6,9 @@ import pytest
 import scipy.sparse
 import scipy.sparse.csgraph
 
-from deq_jax.tasks.clrs import augment
-from deq_jax.tasks.clrs.sampler import run_algorithm
-from deq_jax.tasks.clrs.task import clrs
+from deq_jax.models.clrs import augment
+from deq_jax.models.clrs.samplers import run_algorithm
+from deq_jax.models.clrs.task import clrs
 
 BATCH = 16
 

@@ -8,17 +8,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deq_jax.nn import models
-from deq_jax.nn.clrs_codec import (
+from deq_jax.models import clrs
+from deq_jax.models.clrs.encoders import (
     FeatureDecoder,
     FeatureSpec,
     feature_loss,
     feedback,
     parse_spec,
 )
-from deq_jax.nn.clrs_loops import run_fixed_steps, unroll_to_fixed_point
-from deq_jax.nn.clrs_model import AUX_LOSS, AUX_OUTPUTS, ClrsModel
-from deq_jax.nn.clrs_processors import (
+from deq_jax.models.clrs.loops import run_fixed_steps, unroll_to_fixed_point
+from deq_jax.models.clrs.model import AUX_LOSS, AUX_OUTPUTS, ClrsModel
+from deq_jax.models.clrs.processors import (
     MPNN,
     ProcessorInputs,
     TripletMPNN,
@@ -26,8 +26,8 @@ from deq_jax.nn.clrs_processors import (
     max_reduce,
     min_update,
 )
+from deq_jax.nn import models
 from deq_jax.solvers.anderson import anderson
-from deq_jax.tasks import clrs
 
 KEY = jax.random.PRNGKey(0)
 RNGS = {"params": jax.random.PRNGKey(1), "dropout": jax.random.PRNGKey(2)}

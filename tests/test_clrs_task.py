@@ -1,4 +1,4 @@
-"""The CLRS task and its scores (deq_jax.tasks.clrs.task), and the configs end to end."""
+"""The CLRS task and its scores (deq_jax.models.clrs.task), and the configs end to end."""
 
 import importlib
 import os
@@ -12,7 +12,7 @@ from sklearn.metrics import f1_score
 
 from configs import clrs_common
 from deq_jax import tasks
-from deq_jax.tasks import clrs
+from deq_jax.models import clrs
 from deq_jax.training import train_and_evaluate, writers
 
 # --- task and metrics -----------------------------------------------------------------

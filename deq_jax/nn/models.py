@@ -13,7 +13,7 @@ Registered: ``prefix_sum_deq`` (`PrefixSumDEQ`), ``synthetic_1d_deq``
 (`DigitsDEQ`, a small convolutional DEQ for 8x8 digits, also used for blurry digits),
 ``maze_deq`` (`deq_jax.nn.maze_model.MazeDEQ`), ``edge_copy_deq`` and
 ``matrix_inversion_deq`` (`deq_jax.nn.reasoning_models`) and ``clrs_deq``
-(`deq_jax.nn.clrs_model.ClrsModel`, CLRS algorithms run as a DEQ, to a fixed point by
+(`deq_jax.models.clrs.model.ClrsModel`, CLRS algorithms run as a DEQ, to a fixed point by
 unrolling, or for the algorithm's true number of steps). Models of tasks with
 ``batch_extras`` take them as keywords (``adjacency`` for edge copy, the features,
 hints and lengths for CLRS).
@@ -38,8 +38,8 @@ import jax.numpy as jnp
 from deq_jax._registry import Registry
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
+from deq_jax.models.clrs.model import ClrsModel
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell
-from deq_jax.nn.clrs_model import ClrsModel
 from deq_jax.nn.deq import solve_cell
 from deq_jax.nn.maze_model import MazeDEQ
 from deq_jax.nn.reasoning_models import EdgeCopyDEQ, MatrixInversionDEQ

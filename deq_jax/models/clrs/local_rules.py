@@ -4,7 +4,7 @@
   rule (`ClrsTask.lightest_neighbour_score`, ``hard_parent_weight``);
 * `near_tie_gaps`: how close each node's second-best path comes to its shortest, the
   near-ties of Bellman-Ford and Dijkstra (``near_tie_weight``,
-  `deq_jax.tasks.clrs.diagnostics.pointer_errors`);
+  `deq_jax.models.clrs.diagnostics.pointer_errors`);
 * `tree_relations`: the pairwise facts of a parent-pointer tree (its edges, and which
   node is an ancestor of which), the edge-state targets of ``edge_target_weight``.
 """

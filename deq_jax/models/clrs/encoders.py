@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from deq_jax.nn.clrs_processors import max_reduce
+from deq_jax.models.clrs.processors import max_reduce
 
 STAGES = ("input", "output", "hint")
 LOCATIONS = ("node", "edge", "graph")

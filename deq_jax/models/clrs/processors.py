@@ -20,7 +20,7 @@ wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair (with
 only, `common_neighbour_max`). CLRS's code hands these latents to its decoders only;
 here they also enter the messages, so they shape the fixed point the DEQ solves for,
 and ``cell(z, x, return_edges=True)`` hands them out for the decoders too
-(`deq_jax.nn.clrs_model.ClrsModel`'s ``decode_edge_latents``).
+(`deq_jax.models.clrs.model.ClrsModel`'s ``decode_edge_latents``).
 
 With ``edge_state = F > 0`` (Triplet-MPNN only) the processor keeps a persistent edge
 state ``s [B, n, n, F]`` beside the node states, as the Relational Transformer keeps

@@ -1,7 +1,7 @@
 """`ClrsModel`: encode-process-decode for CLRS algorithms, run to a fixed point or not.
 
 The model of the CLRS DEQ study: linear encoders per feature (`FeatureEncoder`), a
-processor cell (`deq_jax.nn.clrs_processors`) over node states ``z [B, n, H]`` and
+processor cell (`deq_jax.models.clrs.processors`) over node states ``z [B, n, H]`` and
 decoders per feature (`FeatureDecoder`) reading ``[x_node, z]``. ``mode`` chooses how
 the processor runs:
 
@@ -18,7 +18,7 @@ the processor runs:
   ``teacher_forcing`` in training), decoded after every step and supervised.
 
 Options of the study: ``min_update`` and ``softmin_tau`` (the cell's update rule, see
-`deq_jax.nn.clrs_processors.min_update`), ``step_penalty`` (adds ``w sum_t ||z_{t+1} -
+`deq_jax.models.clrs.processors.min_update`), ``step_penalty`` (adds ``w sum_t ||z_{t+1} -
 z_t||^2`` per example; in ``"deq"`` mode, where no trajectory is differentiated, the
 residual ``w ||P(z*) - z*||^2`` at the fixed point), ``gumbel_hints`` (fed-back
 categorical hints as straight-through Gumbel-softmax samples in training, one-hot
@@ -29,7 +29,7 @@ not see on larger graphs; evaluation keeps ``i / n``). Hint and step losses are 
 per example as ``"aux_loss"`` into ``"intermediates"``, which the train step adds to
 the task loss. With ``edge_targets`` the model also sows, as ``"aux_outputs"``, logits
 ``[B, n, n, 2]`` read linearly from the fixed point's edge state, which the task's loss
-scores against pairwise facts of the true tree (`deq_jax.tasks.clrs.ClrsTask`'s
+scores against pairwise facts of the true tree (`deq_jax.models.clrs.ClrsTask`'s
 ``edge_target_weight``).
 
 Call: ``model.apply(variables, adjacency [B, n, n], train=..., lengths=int32 [B],
@@ -58,7 +58,7 @@ import jax.numpy as jnp
 
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
-from deq_jax.nn.clrs_codec import (
+from deq_jax.models.clrs.encoders import (
     FeatureDecoder,
     FeatureEncoder,
     FeatureSpec,
@@ -67,8 +67,13 @@ from deq_jax.nn.clrs_codec import (
     of_stage,
     parse_spec,
 )
-from deq_jax.nn.clrs_loops import ClrsStep, per_sample_norm, run_fixed_steps, unroll_to_fixed_point
-from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
+from deq_jax.models.clrs.loops import (
+    ClrsStep,
+    per_sample_norm,
+    run_fixed_steps,
+    unroll_to_fixed_point,
+)
+from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
 from deq_jax.nn.deq import initial_state, solve_cell, sow_jacobian_terms
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver, SolverStats
@@ -83,14 +88,14 @@ class ClrsModel(nn.Module):
 
     Attributes:
       spec: the algorithm's features, rows ``(name, stage, location, type,
-        categories)`` (see `deq_jax.nn.clrs_codec.FeatureSpec`; one output feature, a
+        categories)`` (see `deq_jax.models.clrs.encoders.FeatureSpec`; one output feature, a
         node pointer or an edge mask; the ``adj`` input is the call's first argument).
       processor: ``"mpnn"``, ``"gmpnn"`` (gated) or ``"triplet_mpnn"``.
       hidden: the width ``H`` of embeddings and node states.
       triplet_features: the Triplet-MPNN's triplet width.
       triplet_neighbours: the Triplet-MPNN's triplet max over common neighbours only.
       edge_state: the width of the Triplet-MPNN's persistent edge state (0: none; see
-        `deq_jax.nn.clrs_processors`); mode ``"deq"`` only, whose solver takes the
+        `deq_jax.models.clrs.processors`); mode ``"deq"`` only, whose solver takes the
         state pair.
       edge_targets: sow logits ``[B, n, n, 2]`` read linearly from the fixed point's
         edge state as ``"aux_outputs"`` (module docstring; needs ``edge_state``).

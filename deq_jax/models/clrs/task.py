@@ -22,7 +22,7 @@ training split carries the whole hint trajectories (``T`` = its longest run); th
 evaluation splits carry the first step only (``T = 1``: the algorithm's initial state,
 which CLRS also hands its model), so a test split of large graphs stays small.
 
-Metrics: CLRS's scores (`deq_jax.tasks.clrs.scores`), reported as ``"score"``; for
+Metrics: CLRS's scores (`deq_jax.models.clrs.evaluation`), reported as ``"score"``; for
 Kruskal's mask also its per-graph counts (``"true_positives"``, ...).
 
 References:
@@ -42,12 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from deq_jax.models.clrs import augment, specs
+from deq_jax.models.clrs.evaluation import f1_from_counts, mask_score, pointer_score
+from deq_jax.models.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
+from deq_jax.models.clrs.samplers import CLRS30_SEEDS, sample_example
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
-from deq_jax.tasks.clrs import augment, specs
-from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
-from deq_jax.tasks.clrs.sampler import CLRS30_SEEDS, sample_example
-from deq_jax.tasks.clrs.scores import f1_from_counts, mask_score, pointer_score
 
 TRAIN, VAL = "train", "val"
 _EXTRA_EDGE_STREAM = 104_729  # separates the extra-edge draws from the shuffling streams
@@ -55,7 +55,7 @@ _EXTRA_EDGE_STREAM = 104_729  # separates the extra-edge draws from the shufflin
 
 def model_spec(algorithm: str) -> tuple[tuple[str, str, str, str, int], ...]:
     """The algorithm's features as ``(name, stage, location, type, categories)`` rows,
-    the ``spec`` of `deq_jax.nn.clrs_model.ClrsModel`."""
+    the ``spec`` of `deq_jax.models.clrs.model.ClrsModel`."""
     specs.check_algorithm(algorithm)
     categories = specs.NUM_CATEGORIES.get(algorithm, {})
     return tuple(
@@ -69,7 +69,7 @@ class ClrsConfig:
     """What to generate (frozen, hashable).
 
     Attributes:
-      algorithm: a name in `deq_jax.tasks.clrs.ALGORITHMS`.
+      algorithm: a name in `deq_jax.models.clrs.ALGORITHMS`.
       train_nodes: nodes per training and validation graph.
       test_nodes: one ``"test_{n}"`` split per node count.
       train_size: training graphs.
@@ -129,7 +129,7 @@ class ClrsConfig:
 def generate_split(config: ClrsConfig, split: str) -> dict[str, np.ndarray]:
     """One split as batchable arrays (module docstring); deterministic and cached.
 
-    Draws the graphs exactly as `deq_jax.tasks.clrs.sample_dataset` does (one numpy
+    Draws the graphs exactly as `deq_jax.models.clrs.sample_dataset` does (one numpy
     stream from the split's seed), keeping each example's whole hint trajectory for the
     training split and its first step otherwise.
     """
@@ -205,7 +205,7 @@ class ClrsTask(Task):
         ``aux_outputs`` is an error.
       extra_edge_rate: Bellman-Ford, Dijkstra, MST-Prim and MST-Kruskal only: each
         training graph of each step gets extra edges that leave its output unchanged
-        (`deq_jax.tasks.clrs.augment`; each eligible non-edge with probability
+        (`deq_jax.models.clrs.augment`; each eligible non-edge with probability
         ``q ~ U(0, extra_edge_rate)``), so the training graphs have more neighbours per
         node, as larger test graphs do. The hints are then not the new graph's, so
         the batches carry none and ``fixed_steps`` (which needs them) raises. 0: the

@@ -1,4 +1,4 @@
-"""The loops of `deq_jax.nn.clrs_model` that are not a DEQ solve.
+"""The loops of `deq_jax.models.clrs.model` that are not a DEQ solve.
 
 * `unroll_to_fixed_point`: ``z <- f(z)`` per sample until its residual passes the
   solver's test, as a `jax.lax.scan`, so gradients flow back through every step (the
@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.nn.clrs_codec import (
+from deq_jax.models.clrs.encoders import (
     FeatureDecoder,
     FeatureEncoder,
     FeatureSpec,
@@ -31,7 +31,7 @@ from deq_jax.nn.clrs_codec import (
     feature_loss,
     feedback,
 )
-from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
+from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
 from deq_jax.solvers.base import REL_EPS, SolverStats
 
 
