@@ -35,8 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from deq_jax import analysis
+from deq_jax.solvers.base import residuals
+from deq_jax.training import restore_trained
 from launch import main as launch_main
 
 launch_main.define_splits_flag()
@@ -47,12 +52,6 @@ MEASURES = ("solver", "node", "answer")
 
 def profiler(run: Any) -> Callable[[Any, dict], dict]:
     """The jitted ``(variables, batch) -> per-graph step counts and checks`` of the run."""
-    import jax
-    import jax.numpy as jnp
-
-    from deq_jax import analysis
-    from deq_jax.solvers.base import residuals
-
     extras = tuple(run.task.batch_extras)
     model = run.model
 
@@ -125,8 +124,6 @@ def profile_run(
       FileNotFoundError: if the workdir holds no checkpoint.
       ValueError: for a task other than CLRS, or a mode other than ``deq``.
     """
-    from deq_jax.training import restore_trained
-
     if config.task.name != "clrs":
         raise ValueError(f"clrs_steps takes a CLRS run, not {config.task.name!r}.")
     if config.model.mode != "deq":

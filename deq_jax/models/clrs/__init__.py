@@ -50,9 +50,10 @@ References:
 
 from deq_jax import tasks
 from deq_jax.models.clrs.algorithms import bellman_ford, bfs, dfs, dijkstra, mst_kruskal, mst_prim
+from deq_jax.models.clrs.dataset import ClrsConfig
 from deq_jax.models.clrs.evaluation import f1_from_counts, mask_score, pointer_score
 from deq_jax.models.clrs.graphs import adjacency, er_graph
-from deq_jax.models.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
+from deq_jax.models.clrs.local_rules import lightest_neighbours, near_tie_gaps
 from deq_jax.models.clrs.model import ClrsModel
 from deq_jax.models.clrs.samplers import (
     CLRS30_SEEDS,
@@ -77,8 +78,9 @@ from deq_jax.models.clrs.specs import (
     Type,
     check_algorithm,
     feature_shape,
+    model_spec,
 )
-from deq_jax.models.clrs.task import ClrsConfig, ClrsTask, clrs, model_spec
+from deq_jax.models.clrs.task import ClrsTask, clrs
 
 tasks.register(clrs.__name__, clrs)
 
@@ -121,5 +123,4 @@ __all__ = [
     "run_algorithm",
     "sample_dataset",
     "sample_example",
-    "tree_relations",
 ]

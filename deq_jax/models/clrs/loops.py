@@ -23,14 +23,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.models.clrs.encoders import (
-    FeatureDecoder,
-    FeatureEncoder,
-    FeatureSpec,
-    dense_value,
-    feature_loss,
-    feedback,
-)
+from deq_jax.models.clrs.decoders import FeatureDecoder, feedback
+from deq_jax.models.clrs.encoders import FeatureEncoder, FeatureSpec, dense_value
+from deq_jax.models.clrs.losses import feature_loss
 from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
 from deq_jax.solvers.base import REL_EPS, SolverStats
 

@@ -1,10 +1,7 @@
 """`ClrsTask`: one CLRS-30 algorithm behind the uniform task interface.
 
-Trains on ``train_nodes``-node graphs (CLRS-30: 1000 graphs of 16 nodes, seed 1) and
-evaluates on ``"val"`` (``eval_size * multiplier`` graphs of ``train_nodes`` nodes, seed
-2) and one ``"test_{n}"`` split per entry of ``test_nodes`` (as many graphs of ``n``
-nodes, seed 3; CLRS-30 tests at 64). ``seed`` shifts every split's seed by ``3 * seed``
-(0 gives CLRS-30's seeds).
+The splits are `deq_jax.models.clrs.dataset`'s (`ClrsConfig`: CLRS-30's 1000 training
+graphs of 16 nodes, ``"val"`` at 16 nodes and one ``"test_{n}"`` split per test size).
 
 Batches (every value an array with the batch axis first)::
 
@@ -18,9 +15,8 @@ Batches (every value an array with the batch axis first)::
 
 Everything but ``inputs``, ``targets``, ``mask`` and ``index`` is in `batch_extras`,
 so the train and eval steps hand it to the model and to `metrics` as keywords. The
-training split carries the whole hint trajectories (``T`` = its longest run); the
-evaluation splits carry the first step only (``T = 1``: the algorithm's initial state,
-which CLRS also hands its model), so a test split of large graphs stays small.
+training split carries the whole hint trajectories, the evaluation splits their first
+step only.
 
 Metrics: CLRS's scores (`deq_jax.models.clrs.evaluation`), reported as ``"score"``; for
 Kruskal's mask also its per-graph counts (``"true_positives"``, ...).
@@ -34,143 +30,20 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from deq_jax.models.clrs import augment, specs
+from deq_jax.models.clrs.dataset import TRAIN, ClrsConfig, generate_split
 from deq_jax.models.clrs.evaluation import f1_from_counts, mask_score, pointer_score
-from deq_jax.models.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
-from deq_jax.models.clrs.samplers import CLRS30_SEEDS, sample_example
+from deq_jax.models.clrs.local_rules import lightest_neighbours
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
 
-TRAIN, VAL = "train", "val"
 _EXTRA_EDGE_STREAM = 104_729  # separates the extra-edge draws from the shuffling streams
-
-
-def model_spec(algorithm: str) -> tuple[tuple[str, str, str, str, int], ...]:
-    """The algorithm's features as ``(name, stage, location, type, categories)`` rows,
-    the ``spec`` of `deq_jax.models.clrs.model.ClrsModel`."""
-    specs.check_algorithm(algorithm)
-    categories = specs.NUM_CATEGORIES.get(algorithm, {})
-    return tuple(
-        (name, stage, location, type_, categories.get(name, 0))
-        for name, (stage, location, type_) in specs.SPECS[algorithm].items()
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class ClrsConfig:
-    """What to generate (frozen, hashable).
-
-    Attributes:
-      algorithm: a name in `deq_jax.models.clrs.ALGORITHMS`.
-      train_nodes: nodes per training and validation graph.
-      test_nodes: one ``"test_{n}"`` split per node count.
-      train_size: training graphs.
-      eval_size: validation and test graphs, before the multiplier.
-      multiplier: CLRS-30's evaluation-size multiplier.
-      seed: shifts every split's seed by ``3 * seed``.
-    """
-
-    algorithm: str = "bellman_ford"
-    train_nodes: int = 16
-    test_nodes: tuple[int, ...] = (64,)
-    train_size: int = 1000
-    eval_size: int = 32
-    multiplier: int = 1
-    seed: int = 0
-
-    def __post_init__(self):
-        specs.check_algorithm(self.algorithm)
-        object.__setattr__(self, "test_nodes", tuple(int(n) for n in self.test_nodes))
-        for field in ("train_nodes", "train_size", "eval_size", "multiplier", "seed"):
-            value, least = getattr(self, field), {"train_nodes": 2, "seed": 0}.get(field, 1)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-                raise ValueError(f"ClrsConfig.{field} must be an integer >= {least}: {value!r}.")
-        if not self.test_nodes or min(self.test_nodes) < 2:
-            raise ValueError(f"test_nodes must be node counts >= 2, got {self.test_nodes}.")
-        if len(set(self.test_nodes)) != len(self.test_nodes):
-            raise ValueError(f"test_nodes must be distinct, got {self.test_nodes}.")
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """``("train", "val", "test_64", ...)``."""
-        return (TRAIN, VAL) + tuple(f"test_{n}" for n in self.test_nodes)
-
-    def check_split(self, split: str) -> None:
-        """Raises a ValueError naming the valid splits if ``split`` is not one."""
-        if split not in self.splits:
-            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
-
-    def nodes(self, split: str) -> int:
-        """Nodes per graph in ``split``."""
-        self.check_split(split)
-        return self.train_nodes if split in (TRAIN, VAL) else int(split.removeprefix("test_"))
-
-    def size(self, split: str) -> int:
-        """Graphs in ``split``."""
-        self.check_split(split)
-        return self.train_size if split == TRAIN else self.eval_size * self.multiplier
-
-    def seed_of(self, split: str) -> int:
-        """The sampler seed of ``split`` (CLRS-30's 1, 2, 3 when ``seed == 0``)."""
-        self.check_split(split)
-        kind = split if split in (TRAIN, VAL) else "test"
-        return CLRS30_SEEDS[kind] + 3 * self.seed
-
-
-@functools.lru_cache(maxsize=16)
-def generate_split(config: ClrsConfig, split: str) -> dict[str, np.ndarray]:
-    """One split as batchable arrays (module docstring); deterministic and cached.
-
-    Draws the graphs exactly as `deq_jax.models.clrs.sample_dataset` does (one numpy
-    stream from the split's seed), keeping each example's whole hint trajectory for the
-    training split and its first step otherwise.
-    """
-    alg, n, count = config.algorithm, config.nodes(split), config.size(split)
-    rng = np.random.default_rng(config.seed_of(split))
-    examples = []
-    for _ in range(count):
-        example = sample_example(alg, rng, n)
-        if split != TRAIN:
-            example = example._replace(hints={k: v[:1] for k, v in example.hints.items()})
-        examples.append(example)
-    lengths = np.array([e.length for e in examples], np.int32)  # [N]
-    steps = max(int(lengths.max()), 2) if split == TRAIN else 1
-    (output,) = specs.names(alg, specs.Stage.OUTPUT)
-    out = {
-        "inputs": np.stack([e.inputs["adj"] for e in examples]).astype(np.float32),
-        "lengths": lengths,
-        "targets": np.stack([e.outputs[output] for e in examples]).astype(np.int32),
-    }
-    for name in specs.names(alg, specs.Stage.INPUT):
-        if name != "adj":
-            out[f"input_{name}"] = np.stack([e.inputs[name] for e in examples])
-    for name in specs.names(alg, specs.Stage.HINT):
-        first = examples[0].hints[name]
-        padded = np.zeros((count, steps, *first.shape[1:]), first.dtype)  # [N, T, ...]
-        for i, example in enumerate(examples):
-            padded[i, : len(example.hints[name])] = example.hints[name]
-        out[f"hint_{name}"] = padded
-    for array in out.values():
-        array.flags.writeable = False
-    return out
-
-
-def edge_target_loss(logits, parents) -> jax.Array:
-    """Per-graph ``[B]`` mean binary cross-entropy of ``logits [B, n, n, 2]`` against
-    `tree_relations` of ``parents [B, n]`` (tree edge, ancestor), off the diagonal."""
-    n = parents.shape[-1]
-    labels = jnp.stack(tree_relations(parents), axis=-1).astype(logits.dtype)
-    bce = optax.sigmoid_binary_cross_entropy(logits, labels)  # [B, n, n, 2]
-    off_diagonal = ~jnp.eye(n, dtype=bool)[..., None]
-    return jnp.where(off_diagonal, bce, 0.0).sum(axis=(1, 2, 3)) / (2 * n * max(n - 1, 1))
+_DEFAULT_CONFIG = ClrsConfig()
 
 
 class ClrsTask(Task):
@@ -187,22 +60,6 @@ class ClrsTask(Task):
         entry weighs the same, as in CLRS). CLRS-30's 16-node MST graphs are nearly
         forests (55 such edges in the 1000 training graphs), so the plain loss hardly
         sees one.
-      hard_parent_weight: MST-Prim only: the weight, in `loss`, of the nodes whose parent
-        is not their lightest neighbour (`lightest_neighbours`, a local rule right on
-        70% of the nodes at every size); 1: every node weighs the same.
-      near_tie_weight: Bellman-Ford and Dijkstra only: the weight, in `loss`, of the
-        near-tie nodes, whose best path through another neighbour is less than
-        ``near_tie_margin`` longer than their shortest path (`near_tie_gaps`); the
-        errors of a trained model at 64 nodes are mostly such nodes.
-      near_tie_margin: the path-length margin of a near-tie (edge weights lie in
-        [0, 1]).
-      edge_target_weight: node-pointer outputs only: the weight, in `loss`, of the
-        binary cross-entropy of the model's ``aux_outputs`` (``ClrsModel(edge_targets=
-        True)``: two logits per node pair read from its edge state) against two
-        pairwise facts of the true tree (`tree_relations`): the pair is a tree edge,
-        and the second node is an ancestor of the first. Both follow from the output
-        pointers, so no hint is used. 0: no such term, and a model that sows
-        ``aux_outputs`` is an error.
       extra_edge_rate: Bellman-Ford, Dijkstra, MST-Prim and MST-Kruskal only: each
         training graph of each step gets extra edges that leave its output unchanged
         (`deq_jax.models.clrs.augment`; each eligible non-edge with probability
@@ -210,11 +67,6 @@ class ClrsTask(Task):
         node, as larger test graphs do. The hints are then not the new graph's, so
         the batches carry none and ``fixed_steps`` (which needs them) raises. 0: the
         training graphs as sampled.
-      reroot_rate: MST-Prim only: the probability that a training graph's start node
-        moves, each step, to an end of its tree's longest path, with the tree
-        re-oriented there (`augment.reroot_at_deepest`: Prim's output from that start),
-        so the training trees are deeper. Hints are dropped as for
-        ``extra_edge_rate``. 0: the start nodes as sampled.
       weight_power: MST-Prim and MST-Kruskal only: each training graph of each step has
         its edge weights raised to a power drawn log-uniformly from ``[1,
         weight_power]`` (`augment.raise_weights`), which keeps their order and so the
@@ -222,9 +74,9 @@ class ClrsTask(Task):
         are dropped as for ``extra_edge_rate``. 1: the weights as sampled.
 
     Raises:
-      ValueError: for a negative weight, or a weight other than 1 for an algorithm it
-        does not apply to; an ``extra_edge_rate`` or ``reroot_rate`` outside
-        ``[0, 1]``, a ``weight_power`` below 1, or any of them for another algorithm.
+      ValueError: for a negative ``non_tree_edge_weight``, or one other than 1 for a
+        pointer output; an ``extra_edge_rate`` outside ``[0, 1]``, a ``weight_power``
+        below 1, or either of them for another algorithm.
     """
 
     name = "clrs"
@@ -232,14 +84,9 @@ class ClrsTask(Task):
 
     def __init__(
         self,
-        config: ClrsConfig = ClrsConfig(),
+        config: ClrsConfig = _DEFAULT_CONFIG,
         non_tree_edge_weight: float = 1.0,
-        hard_parent_weight: float = 1.0,
-        near_tie_weight: float = 1.0,
-        near_tie_margin: float = 0.05,
-        edge_target_weight: float = 0.0,
         extra_edge_rate: float = 0.0,
-        reroot_rate: float = 0.0,
         weight_power: float = 1.0,
     ):
         self.config = config
@@ -256,11 +103,6 @@ class ClrsTask(Task):
                 f"extra_edge_rate adds edges that keep the output of "
                 f"{', '.join(augment.ALGORITHMS)}; {alg}'s would change."
             )
-        self.reroot_rate = float(reroot_rate)
-        if not 0.0 <= self.reroot_rate <= 1.0:
-            raise ValueError(f"reroot_rate must lie in [0, 1], got {reroot_rate}.")
-        if self.reroot_rate and alg != "mst_prim":
-            raise ValueError(f"reroot_rate moves MST-Prim's start node; {alg} has no such tree.")
         self.weight_power = float(weight_power)
         if self.weight_power < 1.0:
             raise ValueError(f"weight_power must be >= 1, got {weight_power}.")
@@ -273,38 +115,13 @@ class ClrsTask(Task):
             hints = []  # the augmented graphs' hints are unknown (see the docstring)
         self.batch_extras = (*inputs, *hints, "lengths")
         self.non_tree_edge_weight = float(non_tree_edge_weight)
-        self.hard_parent_weight = float(hard_parent_weight)
-        self.near_tie_weight = float(near_tie_weight)
-        self.near_tie_margin = float(near_tie_margin)
-        if self.near_tie_margin <= 0:
-            raise ValueError(f"near_tie_margin must be > 0, got {near_tie_margin}.")
-        self.edge_target_weight = float(edge_target_weight)
-        if self.edge_target_weight < 0:
-            raise ValueError(f"edge_target_weight must be >= 0, got {edge_target_weight}.")
-        if self.edge_target_weight and self.output_type != specs.Type.POINTER:
+        if self.non_tree_edge_weight < 0:
+            raise ValueError(f"non_tree_edge_weight must be >= 0, got {non_tree_edge_weight}.")
+        if self.non_tree_edge_weight != 1.0 and self.output_type != specs.Type.MASK:
             raise ValueError(
-                f"edge_target_weight scores a parent-pointer tree, not {alg}'s output "
-                f"{self.output!r}."
+                f"non_tree_edge_weight weighs an edge-mask output (mst_kruskal), not {alg}'s "
+                f"output {self.output!r}."
             )
-        for name, value, applies, what in (
-            (
-                "non_tree_edge_weight",
-                non_tree_edge_weight,
-                self.output_type == specs.Type.MASK,
-                "an edge-mask output (mst_kruskal)",
-            ),
-            ("hard_parent_weight", hard_parent_weight, alg == "mst_prim", "mst_prim's parents"),
-            (
-                "near_tie_weight",
-                near_tie_weight,
-                alg in ("bellman_ford", "dijkstra"),
-                "shortest-path parents (bellman_ford, dijkstra)",
-            ),
-        ):
-            if float(value) < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}.")
-            if float(value) != 1.0 and not applies:
-                raise ValueError(f"{name} weighs {what}, not {alg}'s output {self.output!r}.")
 
     @property
     def num_classes(self) -> int:
@@ -331,8 +148,8 @@ class ClrsTask(Task):
 
     @property
     def augments_training(self) -> bool:
-        """True with an ``extra_edge_rate``, a ``reroot_rate`` or a ``weight_power``."""
-        return bool(self.extra_edge_rate or self.reroot_rate or self.weight_power != 1.0)
+        """True with an ``extra_edge_rate`` or a ``weight_power``."""
+        return bool(self.extra_edge_rate or self.weight_power != 1.0)
 
     def augment_train_batch(
         self,
@@ -344,9 +161,8 @@ class ClrsTask(Task):
         process_index: int = 0,
         process_count: int = 1,
     ) -> data.Batch:
-        """Each graph augmented on its own (`Task.augment_train_batch`): extra edges,
-        re-rooting and raised weights as configured, `augment.augment_rows`; hints
-        dropped.
+        """Each graph augmented on its own (`Task.augment_train_batch`): extra edges
+        and raised weights as configured, `augment.augment_rows`; hints dropped.
 
         A graph's draws are a pure function of ``(seed, step, its row in the global
         batch)``, so they do not depend on the number of processes, and a resumed run
@@ -358,7 +174,6 @@ class ClrsTask(Task):
             [seed, _EXTRA_EDGE_STREAM, step],
             first_row=process_index * (batch_size // process_count),
             extra_edge_rate=self.extra_edge_rate,
-            reroot_rate=self.reroot_rate,
             weight_power=self.weight_power,
         )
 
@@ -402,50 +217,28 @@ class ClrsTask(Task):
         parents = lightest_neighbours(arrays["input_A"], arrays["input_s"])
         return float((np.asarray(parents) == arrays["targets"]).mean())
 
-    def loss(self, outputs, targets, mask, inputs, aux_outputs=None, **extras) -> jax.Array:
+    def loss(self, outputs, targets, mask, inputs, **extras) -> jax.Array:
         """The training loss: the mean cross-entropy over every output entry, per graph,
         averaged over the real graphs (CLRS's), with ``non_tree_edge_weight`` on the
-        entries of edges outside the tree (edge-mask outputs) and ``hard_parent_weight``
-        on the nodes whose parent is not their lightest neighbour (MST-Prim) and
-        ``near_tie_weight`` on the near-tie nodes (Bellman-Ford, Dijkstra); with
-        ``edge_target_weight``, plus that weight times `edge_target_loss` per graph.
+        entries of edges outside the tree (edge-mask outputs).
 
         Args:
           outputs: logits, ``[B, n, n]`` (pointer) or ``[B, n, n, 2]`` (edge mask).
           targets: int ``[B, n]`` parents or ``[B, n, n]`` 0/1 tree edges.
           mask: ``[B]`` bool, false for padding rows.
           inputs: ``[B, n, n]``, the adjacency (self-loops included).
-          aux_outputs: ``[B, n, n, 2]`` logits of the model's edge state, with
-            ``edge_target_weight`` (and only then).
-          extras: the batch's other features (``input_A``, and MST-Prim's ``input_s``,
-            with ``hard_parent_weight`` or ``near_tie_weight``).
+          extras: the batch's other features (unused).
 
         Returns:
           A scalar.
-
-        Raises:
-          ValueError: when ``aux_outputs`` is given without ``edge_target_weight`` or
-            missing with it.
         """
-        if (aux_outputs is None) != (self.edge_target_weight == 0):
-            raise ValueError(
-                "task.edge_target_weight > 0 scores the model's edge-state logits: set both "
-                "it and model.edge_targets=True, or neither."
-            )
+        del extras  # the batch's features; the loss needs the adjacency only
         ce = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)  # [B, ...]
-        if self.hard_parent_weight != 1.0:
-            rule = lightest_neighbours(extras["input_A"], extras["input_s"])
-            ce = jnp.where(rule != targets, self.hard_parent_weight * ce, ce)
-        if self.near_tie_weight != 1.0:
-            tied = near_tie_gaps(extras["input_A"], targets) < self.near_tie_margin
-            ce = jnp.where(tied, self.near_tie_weight * ce, ce)
         if self.non_tree_edge_weight != 1.0:
             n = inputs.shape[-1]
             edges = (inputs > 0.5) & ~jnp.eye(n, dtype=bool)  # [B, n, n], no self-loops
             ce = jnp.where(edges & (targets == 0), self.non_tree_edge_weight * ce, ce)
         per_graph = ce.reshape(ce.shape[0], -1).mean(axis=1)
-        if aux_outputs is not None:
-            per_graph = per_graph + self.edge_target_weight * edge_target_loss(aux_outputs, targets)
         weight = jnp.asarray(mask, per_graph.dtype)
         return jnp.sum(weight * per_graph) / jnp.maximum(jnp.sum(weight), 1.0)
 
@@ -468,23 +261,15 @@ def clrs(
     eval_size: int = 32,
     multiplier: int = 1,
     non_tree_edge_weight: float = 1.0,
-    hard_parent_weight: float = 1.0,
-    near_tie_weight: float = 1.0,
-    near_tie_margin: float = 0.05,
-    edge_target_weight: float = 0.0,
     extra_edge_rate: float = 0.0,
-    reroot_rate: float = 0.0,
     weight_power: float = 1.0,
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
     ``data_dir`` is accepted for a uniform call signature and unused (generated in
-    memory). ``non_tree_edge_weight``, ``hard_parent_weight`` and ``near_tie_weight``
-    (with ``near_tie_margin``) weigh Kruskal's, Prim's and the shortest paths' losses;
-    ``edge_target_weight`` scores a model's edge state against the true tree;
-    ``extra_edge_rate`` adds output-preserving edges to the training graphs and
-    ``reroot_rate`` moves Prim's start node to deepen its trees; ``weight_power``
-    raises the MSTs' training weights (see `ClrsTask`).
+    memory). ``non_tree_edge_weight`` weighs Kruskal's loss; ``extra_edge_rate`` adds
+    output-preserving edges to the training graphs and ``weight_power`` raises the
+    MSTs' training weights (see `ClrsTask`).
     """
     del data_dir  # Generated in memory.
     config = ClrsConfig(
@@ -499,11 +284,6 @@ def clrs(
     return ClrsTask(
         config,
         non_tree_edge_weight=non_tree_edge_weight,
-        hard_parent_weight=hard_parent_weight,
-        near_tie_weight=near_tie_weight,
-        near_tie_margin=near_tie_margin,
-        edge_target_weight=edge_target_weight,
         extra_edge_rate=extra_edge_rate,
-        reroot_rate=reroot_rate,
         weight_power=weight_power,
     )
