@@ -1,18 +1,20 @@
 """CLRS-30 dfs (depth-first search): trained on 16-node graphs, tested on 64.
 
-The shared setup is `configs.clrs_common` (task, model, sizes, the three modes). The
-score is the parent-pointer accuracy; the DEQ column of Xhonneux et al. (2024)
-reports 5.0% at 64 nodes. Run it with::
+The shared setup is `configs.clrs_base` (task, model, sizes, the variants); the score is
+the parent-pointer accuracy. Run it with::
 
     python -m launch.main --config configs/clrs_dfs.py --workdir /tmp/clrs_dfs
 
-Other modes: ``--config.model.mode=hint_propagation`` (iterate to the fixed point,
-backprop through time) or ``--config.model.mode=fixed_steps
---config.regularizer.jacobian_weight=0`` (the true number of steps with hint
-supervision, CLRS's baseline). The smoke variant (a tiny model on tiny graphs, a few
-steps; seconds)::
+Variants (alone or joined by commas, `configs.clrs_base.apply_variants`)::
 
     python -m launch.main --config configs/clrs_dfs.py:smoke --workdir /tmp/clrs_smoke
+    python -m launch.main --config configs/clrs_dfs.py:large --workdir /tmp/clrs_large
+    python -m launch.main --config configs/clrs_dfs.py:hint_propagation --workdir /tmp/hp
+    python -m launch.main --config configs/clrs_dfs.py:fixed_steps --workdir /tmp/clrs_fs
+
+Results: BUILD_NOTES.md, "Stopping when the answer settles (session 27)", the dfs
+row of the report with the configs as they now are; the modes: "Measurements", the
+600-step table.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -22,9 +24,11 @@ References:
 
 from ml_collections import ConfigDict
 
-from configs.clrs_common import clrs_config
+from configs import clrs_base
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    """The dfs config; ``arg="smoke"`` gives the seconds-long test variant."""
-    return clrs_config("dfs", arg)
+    """The dfs config; ``arg``: variants of `configs.clrs_base` (``"smoke"``, ``"large"``,
+    ``"hint_propagation"``, ``"fixed_steps"``, or several joined by commas)."""
+    config = clrs_base.base_config("dfs", train_max_iter=64, eval_max_iter=128)
+    return clrs_base.apply_variants(config, arg)

@@ -1,18 +1,20 @@
 """CLRS-30 dijkstra (Dijkstra's shortest paths): trained on 16-node graphs, tested on 64.
 
-The shared setup is `configs.clrs_common` (task, model, sizes, the three modes). The
-score is the parent-pointer accuracy; the DEQ column of Xhonneux et al. (2024)
-reports 78.8% at 64 nodes. Run it with::
+The shared setup is `configs.clrs_base` (task, model, sizes, the variants); the score is
+the parent-pointer accuracy. Run it with::
 
     python -m launch.main --config configs/clrs_dijkstra.py --workdir /tmp/clrs_dijkstra
 
-Other modes: ``--config.model.mode=hint_propagation`` (iterate to the fixed point,
-backprop through time) or ``--config.model.mode=fixed_steps
---config.regularizer.jacobian_weight=0`` (the true number of steps with hint
-supervision, CLRS's baseline). The smoke variant (a tiny model on tiny graphs, a few
-steps; seconds)::
+Variants (alone or joined by commas, `configs.clrs_base.apply_variants`)::
 
     python -m launch.main --config configs/clrs_dijkstra.py:smoke --workdir /tmp/clrs_smoke
+    python -m launch.main --config configs/clrs_dijkstra.py:large --workdir /tmp/clrs_large
+    python -m launch.main --config configs/clrs_dijkstra.py:hint_propagation --workdir /tmp/hp
+    python -m launch.main --config configs/clrs_dijkstra.py:fixed_steps --workdir /tmp/clrs_fs
+
+Results: BUILD_NOTES.md, "Stopping when the answer settles (session 27)", the
+dijkstra row of the report with the configs as they now are; the modes:
+"Measurements", the 600-step table.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -22,9 +24,11 @@ References:
 
 from ml_collections import ConfigDict
 
-from configs.clrs_common import clrs_config
+from configs import clrs_base
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    """The dijkstra config; ``arg="smoke"`` gives the seconds-long test variant."""
-    return clrs_config("dijkstra", arg)
+    """The dijkstra config; ``arg``: variants of `configs.clrs_base` (``"smoke"``, ``"large"``,
+    ``"hint_propagation"``, ``"fixed_steps"``, or several joined by commas)."""
+    config = clrs_base.base_config("dijkstra", train_max_iter=48, eval_max_iter=96)
+    return clrs_base.apply_variants(config, arg)

@@ -9,10 +9,11 @@ The functional core::
     sol.value, sol.stats.nstep, sol.stats.rel_residual
 
 See ``shared/DESIGN.md`` for the architecture: solvers and backward modes at the bottom,
-Flax modules (`deq_jax.nn`) above them, then tasks, analysis and training.
+Flax modules (`deq_jax.nn`) above them, the task models (`deq_jax.models`), then
+analysis, the neural solver and training; tasks (data) beside the bottom layers.
 """
 
-from deq_jax import analysis, backward, neural_solver, nn, regularizers, solvers
+from deq_jax import analysis, backward, models, neural_solver, nn, regularizers, solvers
 from deq_jax.fixed_point import fixed_point
 from deq_jax.solvers.base import Solution, Solver, SolverStats
 
@@ -25,6 +26,7 @@ __all__ = [
     "analysis",
     "backward",
     "fixed_point",
+    "models",
     "neural_solver",
     "nn",
     "regularizers",

@@ -1,4 +1,4 @@
-"""Breaks a trained CLRS model's errors down (`deq_jax.tasks.clrs.diagnostics`).
+"""Breaks a trained CLRS model's errors down (`deq_jax.models.clrs.diagnostics`).
 
 Loads the latest checkpoint of a CLRS run (nothing is trained), predicts every graph
 of the chosen splits and prints, per split: the score, the accuracy by depth in the
@@ -25,14 +25,14 @@ A run of `launch.clrs_report` lives in ``{report workdir}/<algorithm>/<mode>``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import jax
 import numpy as np
 
+from deq_jax.models.clrs import diagnostics
+from deq_jax.training import SettleRule, restore_trained
 from launch import main as launch_main
-
-if TYPE_CHECKING:
-    from deq_jax.training import SettleRule
 
 launch_main.define_splits_flag()
 
@@ -46,10 +46,6 @@ def predictor(run: Any, settle: SettleRule | None = None) -> Callable[[Any, dict
     run's model at its eval budget, stopping as its evaluation does (``settle``, a
     `deq_jax.training.SettleRule`, e.g. from the config's ``eval`` section:
     `deq_jax.analysis.settled_apply`; ``None``: the residual test only)."""
-    import jax
-
-    from deq_jax.training import SettleRule
-
     extras = tuple(run.task.batch_extras)
     settle = settle or SettleRule()
 
@@ -89,9 +85,6 @@ def diagnose_run(
       FileNotFoundError: if the workdir holds no checkpoint.
       ValueError: for a task other than CLRS.
     """
-    from deq_jax.tasks.clrs import diagnostics
-    from deq_jax.training import SettleRule, restore_trained
-
     if config.task.name != "clrs":
         raise ValueError(f"clrs_diagnose takes a CLRS run, not {config.task.name!r}.")
     run = restore_trained(config, workdir, "to diagnose")

@@ -48,10 +48,12 @@ from typing import Any
 
 from absl import app, flags
 
-from configs.clrs_common import MODES, clrs_config
-from deq_jax.tasks.clrs import ALGORITHMS, f1_from_counts
-from deq_jax.training import NonFiniteLossError
+from configs.clrs_base import MODES, clrs_config
+from deq_jax.models.clrs import ALGORITHMS, f1_from_counts
+from deq_jax.training import NonFiniteLossError, SettleRule, evaluate
+from launch import clrs_steps
 from launch import main as launch_main
+from launch.clrs_report_plots import REFERENCE_RULES, write_figure
 from launch.runs import apply_overrides, quiet, trained_run
 
 REPORT = "clrs_report"
@@ -65,12 +67,6 @@ GOALS = {
     "mst_prim": 75.2,
 }
 TARGET = "test_64"
-# The MSTs' reference rules, the score of each (per split, in the JSON) under its key:
-# what the model must beat (`ClrsTask.all_edges_score`, `lightest_neighbour_score`).
-REFERENCE_RULES = {
-    "all_edges_score": "predicting every edge",
-    "lightest_neighbour_score": "pointing every node at its lightest neighbour",
-}
 
 
 def define_flags() -> None:
@@ -101,29 +97,14 @@ def run_config(
     smoke: bool = False,
     overrides: Sequence[str] = (),
 ) -> Any:
-    """The config of one run: the algorithm's config in ``mode``, ``steps`` if set, then
-    the ``key=value`` ``overrides`` (`launch.runs.apply_overrides`).
-
-    ``fixed_steps`` runs without the Jacobian regulariser (there is no fixed point to
-    regularise; CLRS's baseline has none), without ``decode_edge_latents`` and without
-    the training-graph augmentations ``task.extra_edge_rate``, ``reroot_rate`` and
-    ``weight_power`` (it trains on the hints, which they change); the modes
-    other than ``deq`` run without the processor's ``edge_state`` and what reads it
-    (``decode_edge_state``, ``edge_targets`` with ``task.edge_target_weight``).
+    """The config of one run: ``configs/clrs_<algorithm>.py`` with ``mode`` (and
+    ``smoke``) as its variants (`configs.clrs_base.apply_variants`: ``fixed_steps`` runs
+    without the Jacobian regulariser and the training-graph augmentations, the modes
+    other than ``deq`` without the edge state), ``steps`` if set, then the ``key=value``
+    ``overrides`` (`launch.runs.apply_overrides`).
     """
-    config = clrs_config(algorithm, "smoke" if smoke else None)
-    config.model.mode = mode
-    if mode == "fixed_steps":
-        config.regularizer.jacobian_weight = 0.0
-        config.model.decode_edge_latents = False  # no fixed point's latents to decode
-        config.task.extra_edge_rate = 0.0  # the hints must be the graph's own
-        config.task.reroot_rate = 0.0
-        config.task.weight_power = 1.0
-    if mode != "deq":
-        config.model.edge_state = 0  # only the DEQ's solver carries the state pair
-        config.model.decode_edge_state = False
-        config.model.edge_targets = False
-        config.task.edge_target_weight = 0.0
+    names = ([] if mode == "deq" else [mode]) + (["smoke"] if smoke else [])
+    config = clrs_config(algorithm, ",".join(names))
     if steps:
         config.train.steps = steps
         config.train.warmup_steps = min(config.train.warmup_steps, steps // 10)
@@ -146,8 +127,6 @@ def split_score(metrics: dict[str, float]) -> float:
 
 def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
     """Score and processor steps of every eval split at the model's eval budget."""
-    from deq_jax.training import SettleRule, evaluate
-
     evaluator = evaluate.Evaluator(
         run.model,
         run.task,
@@ -175,8 +154,6 @@ def add_answer_steps(run: Any, config: Any, splits: dict[str, dict]) -> None:
     """Adds the replayed step counts of a deq run (`launch.clrs_steps`) to each split:
     ``answer_mean`` / ``answer_max`` (the decoded answer settled) and ``node_mean`` /
     ``node_max`` (every node converged)."""
-    from launch import clrs_steps
-
     for split, result in clrs_steps.profile_splits(run, tuple(splits), config, quiet).items():
         for key in ("answer", "node"):
             splits[split][f"{key}_mean"] = result[key]["mean"]
@@ -265,9 +242,6 @@ def run_report(
 ) -> dict[str, Any]:
     """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG
     (``answer_steps``: with the deq runs' replayed step counts, `add_answer_steps`)."""
-    from deq_jax.training import evaluate
-    from launch import clrs_report_plots as plots
-
     rows = []
     for algorithm in algorithms:
         for mode in modes:
@@ -301,7 +275,7 @@ def run_report(
         answer_steps=answer_steps,
     )
     paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md", "png")}
-    report["figure"] = plots.write_figure(rows, paths["png"])
+    report["figure"] = write_figure(rows, paths["png"])
     with open(paths["md"], "w") as f:
         f.write(markdown(rows))
     with open(paths["json"], "w") as f:

@@ -6,7 +6,7 @@ graph of the chosen splits, replays the run's own solver at its eval budget
 
 * ``solver``: the steps the solver takes, its whole-state relative residual
   ``||f(z) - z|| / ||f(z)||`` at most ``solver.tol`` (what the report's steps count
-  with ``eval.settle_patience=0``; the configs' evaluation also stops once the answer
+  with ``deq.settle_patience=0``; the configs' evaluation also stops once the answer
   has settled, `deq_jax.analysis.settled_apply`, and these replays do not);
 * ``node``: the steps until every node has converged, the worst node's relative
   residual (`deq_jax.analysis.node_residual`) at most ``solver.tol``. A graph that is
@@ -35,8 +35,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from deq_jax import analysis
+from deq_jax.solvers.base import residuals
+from deq_jax.training import restore_trained
 from launch import main as launch_main
 
 launch_main.define_splits_flag()
@@ -47,12 +52,6 @@ MEASURES = ("solver", "node", "answer")
 
 def profiler(run: Any) -> Callable[[Any, dict], dict]:
     """The jitted ``(variables, batch) -> per-graph step counts and checks`` of the run."""
-    import jax
-    import jax.numpy as jnp
-
-    from deq_jax import analysis
-    from deq_jax.solvers.base import residuals
-
     extras = tuple(run.task.batch_extras)
     model = run.model
 
@@ -125,8 +124,6 @@ def profile_run(
       FileNotFoundError: if the workdir holds no checkpoint.
       ValueError: for a task other than CLRS, or a mode other than ``deq``.
     """
-    from deq_jax.training import restore_trained
-
     if config.task.name != "clrs":
         raise ValueError(f"clrs_steps takes a CLRS run, not {config.task.name!r}.")
     if config.model.mode != "deq":

@@ -6,9 +6,9 @@ import pytest
 import scipy.sparse
 import scipy.sparse.csgraph
 
-from deq_jax.tasks.clrs import augment
-from deq_jax.tasks.clrs.sampler import run_algorithm
-from deq_jax.tasks.clrs.task import clrs
+from deq_jax.models.clrs import augment
+from deq_jax.models.clrs.samplers import run_algorithm
+from deq_jax.models.clrs.task import clrs
 
 BATCH = 16
 
@@ -133,48 +133,6 @@ def test_rate_zero_is_the_plain_stream_and_bad_values_raise():
         augment.add_solution_preserving_edges("dfs", batch, np.random.default_rng(0), 0.5)
     with pytest.raises(ValueError, match="rate must lie"):
         augment.add_solution_preserving_edges("dijkstra", batch, np.random.default_rng(0), -1)
-
-
-def test_reroot_gives_prims_output_from_the_new_start():
-    task = clrs(algorithm="mst_prim", train_size=64)
-    batch = next(task.train_iterator(BATCH, seed=0))
-    rng = np.random.default_rng(0)
-    deeper = 0
-    for i in range(BATCH):
-        parents, start = augment.reroot_at_deepest(batch["targets"][i], batch["input_s"][i], rng)
-        assert start.sum() == 1 and parents.dtype == batch["targets"].dtype
-        rerooted = {"input_A": batch["input_A"][i : i + 1], "input_s": start[None]}
-        np.testing.assert_array_equal(_output("mst_prim", rerooted, 0), parents)
-        tree = nx.Graph([(v, int(u)) for v, u in enumerate(parents) if u != v])
-        old_root, root = int(np.argmax(batch["input_s"][i])), int(np.argmax(start))
-        if tree.number_of_nodes():
-            height = nx.eccentricity(tree, root)
-            assert height == max(nx.eccentricity(tree).values())  # the deepest rooting
-            deeper += height > nx.eccentricity(tree, old_root)
-    assert deeper >= BATCH // 2
-    # any node of the tree works as a root; the rest of the forest stays put
-    parents = np.array([0, 0, 1, 1, 4])  # 0 <- 1 <- {2, 3}; 4 unreached
-    np.testing.assert_array_equal(augment.reroot(parents, 2), [1, 2, 2, 1, 4])
-
-
-def test_reroot_rate_in_the_stream():
-    _, plain = _batches("mst_prim", 0.0, seed=1)
-    task = clrs(algorithm="mst_prim", train_size=64, reroot_rate=1.0)
-    base, batch = next(plain), next(task.train_iterator(BATCH, seed=1))
-    assert not any(k.startswith("hint_") for k in [*batch, *task.batch_extras])
-    np.testing.assert_array_equal(batch["input_A"], base["input_A"])
-    assert (batch["input_s"] != base["input_s"]).any(axis=1).sum() >= BATCH // 2
-    for i in range(BATCH):
-        np.testing.assert_array_equal(_output("mst_prim", batch, i), batch["targets"][i])
-    both = clrs(algorithm="mst_prim", train_size=64, reroot_rate=1.0, extra_edge_rate=1.0)
-    batch = next(both.train_iterator(BATCH, seed=1))
-    assert (batch["inputs"] > base["inputs"]).any()
-    for i in range(BATCH):
-        np.testing.assert_array_equal(_output("mst_prim", batch, i), batch["targets"][i])
-    with pytest.raises(ValueError, match="reroot_rate must lie"):
-        clrs(algorithm="mst_prim", reroot_rate=2.0)
-    with pytest.raises(ValueError, match="no such tree"):
-        clrs(algorithm="bellman_ford", reroot_rate=0.5)
 
 
 @pytest.mark.parametrize("algorithm", augment.SPANNING_TREES)

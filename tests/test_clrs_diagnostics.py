@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.sparse.csgraph import shortest_path
 
-from deq_jax.tasks import clrs
-from deq_jax.tasks.clrs import diagnostics
+from deq_jax.models import clrs
+from deq_jax.models.clrs import diagnostics
 
 
 def test_tree_depths_of_a_forest_and_a_cycle():

@@ -65,14 +65,14 @@ def test_apply_overrides_sets_typed_fields_and_rejects_unknown_keys():
         [
             "regularizer.jacobian_weight=0.1",
             "model.processor=triplet_mpnn",
-            "model.min_update=True",
+            "model.gumbel_hints=True",
             "task.test_nodes=(32, 128)",
             "model.hidden=128",
         ],
     )
     assert config.regularizer.jacobian_weight == 0.1
     assert config.model.processor == "triplet_mpnn"
-    assert config.model.min_update is True
+    assert config.model.gumbel_hints is True
     assert tuple(config.task.test_nodes) == (32, 128)
     assert config.model.hidden == 128
     with pytest.raises(UnknownOverrideError, match="hiden"):

@@ -29,12 +29,12 @@ References:
 """
 
 from deq_jax._registry import Registry
+from deq_jax.models.clrs.model import ClrsModel
 from deq_jax.models.mazes import MazeDEQ
 from deq_jax.models.reasoning import EdgeCopyDEQ, MatrixInversionDEQ
 from deq_jax.models.recall import PrefixSumDEQ, RecallDEQ
 from deq_jax.models.synthetic import ScalarReLUCell, Synthetic1DDEQ
 from deq_jax.models.vision import DigitsDEQ
-from deq_jax.nn.clrs_model import ClrsModel
 
 _REGISTRY = Registry("model")
 # The registry's bound methods are this package's public registry functions.

@@ -44,7 +44,6 @@ References:
 from deq_jax._registry import Registry
 from deq_jax.tasks import data
 from deq_jax.tasks.blurry_digits import blurry_digits
-from deq_jax.tasks.clrs import task as _clrs_task
 from deq_jax.tasks.edge_copy import edge_copy
 from deq_jax.tasks.images import cifar10, digits
 from deq_jax.tasks.matrix_inversion import matrix_inversion
@@ -63,7 +62,6 @@ register(mazes.__name__, mazes)
 register(edge_copy.__name__, edge_copy)
 register(matrix_inversion.__name__, matrix_inversion)
 register(blurry_digits.__name__, blurry_digits)
-register(_clrs_task.clrs.__name__, _clrs_task.clrs)  # `deq_jax.tasks.clrs` stays the package
 
 
 __all__ = [

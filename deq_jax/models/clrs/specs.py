@@ -14,7 +14,8 @@ the CLRS benchmark's ``specs.SPECS`` does for the six graph algorithms here:
 
 Every algorithm has the ``pos`` input (node ``i`` at ``i / n``), the edge weights ``A``
 and the adjacency mask ``adj`` (self-loops included). `feature_shape` gives the
-per-example shape of a feature.
+per-example shape of a feature, `model_spec` an algorithm's spec as the rows
+`deq_jax.models.clrs.model.ClrsModel` takes.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022
@@ -188,3 +189,14 @@ def feature_shape(algorithm: str, name: str, num_nodes: int) -> tuple[int, ...]:
     if type_ == _CAT:
         shape += (NUM_CATEGORIES[algorithm][name],)
     return shape
+
+
+def model_spec(algorithm: str) -> tuple[tuple[str, str, str, str, int], ...]:
+    """The algorithm's features as ``(name, stage, location, type, categories)`` rows,
+    the ``spec`` of `deq_jax.models.clrs.model.ClrsModel`."""
+    check_algorithm(algorithm)
+    categories = NUM_CATEGORIES.get(algorithm, {})
+    return tuple(
+        (name, stage, location, type_, categories.get(name, 0))
+        for name, (stage, location, type_) in SPECS[algorithm].items()
+    )

@@ -1,4 +1,4 @@
-"""CLRS processors, codec, loops and model modes (deq_jax.nn.clrs_*)."""
+"""CLRS model (deq_jax.models.clrs): processors, encoders, decoders, losses, loops, modes."""
 
 import math
 
@@ -9,28 +9,21 @@ import numpy as np
 import pytest
 
 from deq_jax import models
-from deq_jax.nn import DEQSpec
-from deq_jax.nn.clrs_codec import (
-    FeatureDecoder,
-    FeatureSpec,
-    feature_loss,
-    feedback,
-    parse_spec,
-)
-from deq_jax.nn.clrs_loops import run_fixed_steps, unroll_to_fixed_point
-from deq_jax.nn.clrs_model import AUX_LOSS, AUX_OUTPUTS, ClrsModel
-from deq_jax.nn.clrs_processors import (
+from deq_jax.models import clrs
+from deq_jax.models.clrs.decoders import FeatureDecoder, feedback
+from deq_jax.models.clrs.encoders import FeatureSpec, parse_spec
+from deq_jax.models.clrs.loops import run_fixed_steps, unroll_to_fixed_point
+from deq_jax.models.clrs.losses import feature_loss
+from deq_jax.models.clrs.model import AUX_LOSS, ClrsModel
+from deq_jax.models.clrs.processors import (
     MPNN,
     ProcessorInputs,
     TripletMPNN,
-    common_neighbour_max,
     max_reduce,
-    min_update,
 )
-from deq_jax.nn.deq import with_terms
+from deq_jax.nn import DEQSpec, with_terms
 from deq_jax.regularizers import JacobianTerm, SpectralHinge, SpectralRadius
 from deq_jax.solvers.anderson import anderson
-from deq_jax.tasks import clrs
 
 KEY = jax.random.PRNGKey(0)
 RNGS = {"params": jax.random.PRNGKey(1), "dropout": jax.random.PRNGKey(2)}
@@ -68,8 +61,8 @@ def task_batch(algorithm="bellman_ford", split="train", n=6, size=8):
 def clrs_model(algorithm="bellman_ford", **kw):
     deq = {"solver": anderson(tol=1e-4, max_iter=12), "train_max_iter": 12}
     deq |= {k: kw.pop(k) for k in ("solver", "backward", "z_init", "eval_max_iter") if k in kw}
-    kw = {"hidden": H} | kw
-    return ClrsModel(spec=clrs.model_spec(algorithm), deq=DEQSpec(**deq), **kw)
+    kw = {"hidden": H, "deq": DEQSpec(**deq)} | kw
+    return ClrsModel(spec=clrs.model_spec(algorithm), **kw)
 
 
 def init(model, n=6):
@@ -80,10 +73,9 @@ def init(model, n=6):
 
 
 @pytest.mark.parametrize("cls", [MPNN, TripletMPNN])
-@pytest.mark.parametrize("aggregation", ["adjacency", "full"])
-def test_processors_shape_and_permutation_equivariance(cls, aggregation):
+def test_processors_shape_and_permutation_equivariance(cls):
     x, z = processor_inputs()
-    cell = cls(hidden=H, aggregation=aggregation, triplet_features=4)
+    cell = cls(hidden=H, triplet_features=4)
     variables = cell.init(KEY, z, x)
     out = cell.apply(variables, z, x)
     chex.assert_shape(out, z.shape)
@@ -103,51 +95,6 @@ def test_adjacency_aggregation_ignores_non_neighbours():
     # Changing a node's state changes no other node's update when nobody hears it.
     other = cell.apply(variables, z.at[:, 0].add(5.0), x)
     np.testing.assert_allclose(out[:, 1:], other[:, 1:], atol=1e-6)
-    full = MPNN(hidden=H, aggregation="full")
-    assert not np.allclose(
-        full.apply(variables, z, x)[:, 1:], full.apply(variables, z.at[:, 0].add(5.0), x)[:, 1:]
-    )
-
-
-def test_common_neighbour_max_matches_a_loop():
-    k1, k2 = jax.random.split(KEY)
-    b, n, f = 2, 5, 3
-    triplets = jax.random.normal(k1, (b, n, n, n, f))
-    adj = jax.random.bernoulli(k2, 0.4, (b, n, n)).astype(jnp.float32)
-    adj = jnp.maximum(adj, jnp.eye(n))
-    adj = adj.at[0, 3].set(0.0).at[0, :, 4].set(0.0).at[0, 3, 3].set(1.0)  # node 3 hears none
-    got = np.asarray(common_neighbour_max(triplets, adj))
-    want = np.zeros((b, n, n, f))
-    t, a = np.asarray(triplets), np.asarray(adj)
-    for g in range(b):
-        for j in range(n):
-            for k in range(n):
-                common = [i for i in range(n) if a[g, i, j] and a[g, i, k]]
-                if common:
-                    want[g, j, k] = t[g, common, j, k].max(axis=0)
-    np.testing.assert_allclose(got, want, atol=1e-6)
-    assert not np.any(want[0, 3, 4])  # a pair without a common neighbour gets zeros
-
-
-def test_triplet_neighbours_ignore_non_neighbours_and_stay_equivariant():
-    x, z = processor_inputs(n=5)
-    cell = TripletMPNN(hidden=H, triplet_features=4, triplet_neighbours=True)
-    variables = cell.init(KEY, z, x)
-    out = cell.apply(variables, z, x)
-    perm = jnp.array([3, 0, 4, 1, 2])
-    permuted = cell.apply(variables, z[:, perm], permute(x, perm))
-    np.testing.assert_allclose(permuted, out[:, perm], atol=1e-5)
-    # Self-loops only: a node hears itself and its triplets see only itself, so
-    # another node's state cannot reach it -- unlike the plain triplet max over every node.
-    x = x._replace(adjacency=jnp.broadcast_to(jnp.eye(5), (2, 5, 5)))
-    out = cell.apply(variables, z, x)
-    other = cell.apply(variables, z.at[:, 0].add(5.0), x)
-    np.testing.assert_allclose(out[:, 1:], other[:, 1:], atol=1e-6)
-    plain = TripletMPNN(hidden=H, triplet_features=4)
-    changed = plain.apply(variables, z.at[:, 0].add(5.0), x)[:, 1:]
-    assert not np.allclose(plain.apply(variables, z, x)[:, 1:], changed)
-    with pytest.raises(ValueError, match="triplet_neighbours"):
-        MPNN(hidden=H, triplet_neighbours=True)
 
 
 def test_edge_state_processor_carries_a_pair_equivariantly():
@@ -173,22 +120,6 @@ def test_edge_state_processor_carries_a_pair_equivariantly():
         cell.apply(variables, z, x)
     with pytest.raises(ValueError, match="edge_state"):
         MPNN(hidden=H, edge_state=3)
-
-
-def test_min_update_and_softmin():
-    z = jnp.array([[0.0, 1.0, -2.0, 3.0]])
-    p = jnp.array([[1.0, 0.0, -2.0, 5.0]])
-    np.testing.assert_allclose(min_update(z, p), [[0.0, 0.0, -2.0, 3.0]])
-    soft = min_update(z, p, tau=0.5)
-    assert np.all(soft >= np.minimum(z, p) - 1e-6) and np.all(soft <= np.maximum(z, p) + 1e-6)
-    np.testing.assert_allclose(soft[0, 2], -2.0)  # p == z is a fixed point
-    np.testing.assert_allclose(min_update(z, p, tau=1e-4), jnp.minimum(z, p), atol=1e-3)
-    x, z = processor_inputs()
-    cell = MPNN(hidden=H, min_update=True)
-    out = cell.apply(cell.init(KEY, z, x), z, x)
-    assert np.all(out <= z) and np.any(out < z)
-    with pytest.raises(ValueError, match="softmin_tau"):
-        min_update(z, z, tau=-1.0)
 
 
 def test_max_reduce_matches_max_and_sends_the_gradient_to_one_maximiser():
@@ -457,23 +388,6 @@ def test_decode_edge_latents_feeds_the_triplet_latents_to_the_output_decoder():
         cell.init(KEY, z, x, return_edges=True)
 
 
-def test_random_pos_draws_sorted_positions_in_training_only():
-    _, adj, _, extras = task_batch()
-    plain, randomised = clrs_model(mode="deq"), clrs_model(mode="deq", random_pos=True)
-    variables = init(plain)  # the option changes no parameter
-    pos = randomised.apply(
-        variables, extras["input_pos"], method=ClrsModel._random_positions, rngs=RNGS
-    )
-    chex.assert_shape(pos, extras["input_pos"].shape)
-    assert np.all(np.diff(pos, axis=-1) >= 0) and np.all((pos >= 0) & (pos < 1))
-    assert not np.allclose(pos, extras["input_pos"])
-    run = lambda model, train: model.apply(variables, adj, train=train, rngs=RNGS, **extras)[0]
-    np.testing.assert_array_equal(run(plain, False), run(randomised, False))
-    assert not np.allclose(run(plain, True), run(randomised, True))
-    with pytest.raises(ValueError, match="dropout"):
-        randomised.apply(variables, adj, train=True, rngs={"z0": KEY}, **extras)
-
-
 def test_jacobian_terms_per_mode():
     _, adj, _, extras = task_batch()
     rngs = {**RNGS, "jacobian": KEY}
@@ -518,46 +432,6 @@ def test_edge_state_model_solves_the_pair_with_finite_gradients():
     for bad in (dict(mode="hint_propagation"), dict(step_penalty=0.1), dict(processor="gmpnn")):
         with pytest.raises(ValueError, match="edge_state"):
             clrs_model("mst_prim", **(dict(processor="triplet_mpnn", edge_state=3) | bad))
-
-
-def test_decode_edge_state_feeds_the_fixed_points_edge_state_to_the_decoder():
-    _, adj, _, extras = task_batch("mst_prim", split="val")
-    kw = dict(processor="triplet_mpnn", triplet_features=4, edge_state=3)
-    model = clrs_model("mst_prim", decode_edge_state=True, **kw)
-    variables = init(model)
-    kernel = variables["params"]["output_decoder"]["decode_pi_edge"]["kernel"]
-    assert kernel.shape == (H + 3, H)  # input edge embedding + edge state
-    plain = init(clrs_model("mst_prim", **kw))["params"]["output_decoder"]
-    assert plain["decode_pi_edge"]["kernel"].shape == (H, H)
-    # The pointer logits depend on the edge state's rows of the kernel.
-    zeroed = jax.tree_util.tree_map(lambda v: v, variables)
-    zeroed["params"]["output_decoder"]["decode_pi_edge"]["kernel"] = kernel.at[H:].set(0)
-    run = jax.jit(lambda v: model.apply(v, adj, train=False, **extras)[0])
-    assert not np.allclose(run(variables), run(zeroed))
-    with pytest.raises(ValueError, match="decode_edge_state"):
-        clrs_model("mst_prim", processor="triplet_mpnn", decode_edge_state=True)
-
-
-def test_edge_targets_sow_logits_read_from_the_edge_state_in_training():
-    _, adj, _, extras = task_batch("mst_prim", split="val")
-    kw = dict(processor="triplet_mpnn", triplet_features=4, edge_state=3)
-    model = clrs_model("mst_prim", edge_targets=True, **kw)
-    variables = init(model)
-    assert variables["params"]["edge_target_decoder"]["kernel"].shape == (3, 2)
-    assert "intermediates" not in variables
-
-    def run(params):
-        (_, _), state = model.apply(
-            {"params": params}, adj, train=True, rngs=RNGS, mutable=["intermediates"], **extras
-        )
-        return state["intermediates"][AUX_OUTPUTS][0]
-
-    pairs = jax.jit(run)(variables["params"])
-    chex.assert_shape(pairs, (*adj.shape, 2))
-    grads = jax.grad(lambda p: jnp.square(run(p)).sum())(variables["params"])
-    assert float(jnp.abs(grads["cell"]["edge_update"]["kernel"]).sum()) > 0  # through z*
-    with pytest.raises(ValueError, match="edge_targets"):
-        clrs_model("mst_prim", processor="triplet_mpnn", edge_targets=True)
 
 
 def test_bad_model_arguments():

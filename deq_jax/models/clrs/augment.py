@@ -1,11 +1,9 @@
 """Training-graph augmentations derived from an algorithm's invariances.
 
-Three of them, all computed from a training example alone (no algorithm is rerun):
+Two of them, both computed from a training example alone (no algorithm is rerun):
 
 * `add_solution_preserving_edges`: extra edges that leave the output unchanged
   (denser training graphs, below);
-* `reroot_at_deepest`: MST-Prim's tree rooted at another start node (deeper training
-  trees, see its docstring);
 * `raise_weights`: the MSTs' edge weights raised to a power ``g >= 1``, which keeps
   their order and so the tree (the lighter tree edges of larger graphs, see its
   docstring);
@@ -179,80 +177,6 @@ def add_solution_preserving_edges(
     }
 
 
-def _tree_neighbours(parents: np.ndarray) -> list[list[int]]:
-    """Adjacency lists of the tree edges ``(v, parents[v])`` of one graph."""
-    neighbours: list[list[int]] = [[] for _ in parents]
-    for v, u in enumerate(parents):
-        if u != v:
-            neighbours[v].append(int(u))
-            neighbours[int(u)].append(v)
-    return neighbours
-
-
-def _bfs(neighbours: list[list[int]], root: int) -> tuple[dict[int, int], dict[int, int]]:
-    """``(depth, parent)`` of every node reached from ``root`` along the tree."""
-    depth, parent, frontier = {root: 0}, {root: root}, [root]
-    while frontier:
-        nxt = []
-        for u in frontier:
-            for w in neighbours[u]:
-                if w not in depth:
-                    depth[w], parent[w] = depth[u] + 1, u
-                    nxt.append(w)
-        frontier = nxt
-    return depth, parent
-
-
-def reroot(parents: np.ndarray, root: int) -> np.ndarray:
-    """The parent pointers of the same tree rooted at ``root``.
-
-    Args:
-      parents: int ``[n]``: one graph's tree; its root and the nodes outside it point
-        at themselves.
-      root: a node of the tree.
-
-    Returns:
-      int ``[n]``: every node of ``root``'s tree points along its path to ``root``;
-      the other nodes are unchanged.
-    """
-    _, parent = _bfs(_tree_neighbours(parents), int(root))
-    out = np.array(parents, copy=True)
-    for v, u in parent.items():
-        out[v] = u
-    return out
-
-
-def reroot_at_deepest(
-    parents: np.ndarray, start: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """MST-Prim's output for the start node that makes its tree deepest.
-
-    Prim's parents are the minimum spanning tree oriented towards the start node, and
-    the tree does not depend on the start. So moving the start to a node of greatest
-    eccentricity (an end of the tree's longest path, ties broken by ``rng``) and
-    re-orienting the tree gives the output Prim would return from there. CLRS-30's
-    16-node trees are shallow next to the 64-node test trees, whose far nodes are where
-    the trained models err.
-
-    Args:
-      parents: int ``[n]``: Prim's output of one graph.
-      start: ``[n]`` one-hot start node.
-      rng: breaks ties.
-
-    Returns:
-      ``(parents, start)`` of the new start node, in the input dtypes.
-    """
-    root = int(np.argmax(start))
-    neighbours = _tree_neighbours(parents)
-    nodes = list(_bfs(neighbours, root)[0])
-    heights = np.array([max(_bfs(neighbours, v)[0].values()) for v in nodes])
-    deepest = [v for v, h in zip(nodes, heights, strict=True) if h == heights.max()]
-    new_root = int(rng.choice(deepest))
-    new_start = np.zeros_like(start)
-    new_start[new_root] = 1
-    return reroot(parents, new_root).astype(parents.dtype), new_start
-
-
 def raise_weights(weights: np.ndarray, rng: np.random.Generator, max_power: float) -> np.ndarray:
     """One graph's edge weights raised to a power ``g = max_power ** u``, ``u ~ U(0, 1)``.
 
@@ -288,12 +212,11 @@ def augment_rows(
     *,
     first_row: int = 0,
     extra_edge_rate: float = 0.0,
-    reroot_rate: float = 0.0,
     weight_power: float = 1.0,
 ) -> dict[str, np.ndarray]:
-    """Each graph of a training batch re-rooted (with probability ``reroot_rate``),
-    given extra edges (``extra_edge_rate``), then its weights raised to a power in
-    ``[1, weight_power]`` (MSTs; 1: not); the hints dropped (they no longer fit).
+    """Each graph of a training batch given extra edges (``extra_edge_rate``), then its
+    weights raised to a power in ``[1, weight_power]`` (MSTs; 1: not); the hints
+    dropped (they no longer fit).
 
     The ``i``-th graph draws from ``SeedSequence([*entropy, first_row + i])``, so a
     graph's augmentation depends on its row in the global batch, not on how the batch
@@ -309,9 +232,6 @@ def augment_rows(
     for i in range(len(batch["inputs"])):
         rng = np.random.default_rng(np.random.SeedSequence([*entropy, first_row + i]))
         graph = {k: batch[k][i : i + 1] for k in keys if k in batch}
-        if reroot_rate and rng.uniform() < reroot_rate:
-            parents, start = reroot_at_deepest(graph["targets"][0], graph["input_s"][0], rng)
-            graph["targets"], graph["input_s"] = parents[None], start[None]
         if extra_edge_rate:
             graph = add_solution_preserving_edges(algorithm, graph, rng, extra_edge_rate)
         if weight_power != 1.0:

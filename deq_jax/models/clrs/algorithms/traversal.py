@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from deq_jax.tasks.clrs._probing import Probes, Trajectory, categorical, mask_one
+from deq_jax.models.clrs.probing import Probes, Trajectory, categorical, mask_one
 
 _WHITE, _GREY, _BLACK = 0, 1, 2
 _TICK = 0.01  # CLRS's DFS clock advances by 0.01 per discovery or finish

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from deq_jax.tasks.clrs.local_rules import near_tie_gaps
-from deq_jax.tasks.clrs.scores import f1_from_counts
+from deq_jax.models.clrs.evaluation import f1_from_counts
+from deq_jax.models.clrs.local_rules import near_tie_gaps
 
 # Depth bins (inclusive ranges of hops to the root) of `pointer_errors`.
 DEPTH_BINS = ((0, 0), (1, 2), (3, 5), (6, 9), (10, 15), (16, None))

@@ -1,4 +1,4 @@
-"""CLRS's output scores, the metrics of `deq_jax.tasks.clrs.ClrsTask`; jittable (jnp,
+"""CLRS's output scores, the metrics of `deq_jax.models.clrs.ClrsTask`; jittable (jnp,
 batch axis first).
 
 A pointer output scores the fraction of nodes whose predicted

@@ -1,17 +1,13 @@
 """Per-node facts of a graph and its true tree, jittable (jnp, batch axis first).
 
 * `lightest_neighbours`: each node's lightest neighbour as its parent, MST-Prim's local
-  rule (`ClrsTask.lightest_neighbour_score`, ``hard_parent_weight``);
+  rule (`ClrsTask.lightest_neighbour_score`);
 * `near_tie_gaps`: how close each node's second-best path comes to its shortest, the
-  near-ties of Bellman-Ford and Dijkstra (``near_tie_weight``,
-  `deq_jax.tasks.clrs.diagnostics.pointer_errors`);
-* `tree_relations`: the pairwise facts of a parent-pointer tree (its edges, and which
-  node is an ancestor of which), the edge-state targets of ``edge_target_weight``.
+  near-ties of Bellman-Ford and Dijkstra
+  (`deq_jax.models.clrs.diagnostics.pointer_errors`).
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
@@ -68,26 +64,3 @@ def near_tie_gaps(weights, parents):
     others &= reached[:, :, None]
     best = jnp.where(others, cost[:, :, None] + weights, jnp.inf).min(1)  # [B, v]
     return jnp.where(linked, best - cost, jnp.inf)
-
-
-def tree_relations(parents):
-    """The pairwise facts of the rooted forest that parent pointers draw; jittable.
-
-    Args:
-      parents: int ``[B, n]``; a root (the start node, or a node the algorithm never
-        reached) points at itself.
-
-    Returns:
-      ``(tree, ancestor)``, bool ``[B, n, n]``: ``tree[b, i, j]`` when ``i != j`` and one
-      is the other's parent (symmetric); ``ancestor[b, i, j]`` when ``j != i`` lies on
-      ``i``'s path to its root.
-    """
-    parents = jnp.asarray(parents)
-    n = parents.shape[-1]
-    off_diagonal = ~jnp.eye(n, dtype=bool)
-    step = jax.nn.one_hot(parents, n, dtype=jnp.float32) * off_diagonal  # i -> parent
-    tree = (step + jnp.swapaxes(step, -1, -2)) > 0
-    reach = step  # ancestors within 2^k steps after k squarings
-    for _ in range(max(1, math.ceil(math.log2(n)))):
-        reach = jnp.minimum(reach + reach @ reach, 1.0)
-    return tree, (reach > 0) & off_diagonal

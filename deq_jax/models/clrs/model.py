@@ -1,7 +1,7 @@
 """`ClrsModel`: encode-process-decode for CLRS algorithms, run to a fixed point or not.
 
 The model of the CLRS DEQ study: linear encoders per feature (`FeatureEncoder`), a
-processor cell (`deq_jax.nn.clrs_processors`) over node states ``z [B, n, H]`` and
+processor cell (`deq_jax.models.clrs.processors`) over node states ``z [B, n, H]`` and
 decoders per feature (`FeatureDecoder`) reading ``[x_node, z]``. ``mode`` chooses how
 the processor runs:
 
@@ -17,20 +17,12 @@ the processor runs:
   step 0, then the model's own decoded hints, or the ground truth with probability
   ``teacher_forcing`` in training), decoded after every step and supervised.
 
-Options of the study: ``min_update`` and ``softmin_tau`` (the cell's update rule, see
-`deq_jax.nn.clrs_processors.min_update`), ``step_penalty`` (adds ``w sum_t ||z_{t+1} -
-z_t||^2`` per example; in ``"deq"`` mode, where no trajectory is differentiated, the
-residual ``w ||P(z*) - z*||^2`` at the fixed point), ``gumbel_hints`` (fed-back
-categorical hints as straight-through Gumbel-softmax samples in training, one-hot
-argmaxes in evaluation) and ``random_pos`` (Ibarz et al.'s randomised position scalar:
-in training the ``pos`` input, ``i / n``, is replaced by ``n`` sorted uniform draws per
-graph, so node order is kept but the model cannot key on spacings of ``1 / n`` it will
-not see on larger graphs; evaluation keeps ``i / n``). Hint and step losses are sown
-per example as ``"aux_loss"`` into ``"intermediates"``, which the train step adds to
-the task loss. With ``edge_targets`` the model also sows, as ``"aux_outputs"``, logits
-``[B, n, n, 2]`` read linearly from the fixed point's edge state, which the task's loss
-scores against pairwise facts of the true tree (`deq_jax.tasks.clrs.ClrsTask`'s
-``edge_target_weight``).
+Options of the study: ``step_penalty`` (adds ``w sum_t ||z_{t+1} - z_t||^2`` per
+example; in ``"deq"`` mode, where no trajectory is differentiated, the residual ``w
+||P(z*) - z*||^2`` at the fixed point) and ``gumbel_hints`` (fed-back categorical hints
+as straight-through Gumbel-softmax samples in training, one-hot argmaxes in
+evaluation). Hint and step losses are sown per example as ``"aux_loss"``
+into ``"intermediates"``, which the train step adds to the task loss.
 
 Call: ``model.apply(variables, adjacency [B, n, n], train=..., lengths=int32 [B],
 input_<name>=..., hint_<name>=[B, T, ...], **deq_options) -> (outputs, stats)``:
@@ -42,7 +34,6 @@ initialisation only.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
-  Ibarz et al., "A Generalist Neural Algorithmic Learner", LoG 2022.
   Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
   Reasoning", ICLR 2024 blog post track.
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -56,8 +47,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.nn.clrs_codec import (
-    FeatureDecoder,
+from deq_jax.models.clrs.decoders import FeatureDecoder
+from deq_jax.models.clrs.encoders import (
     FeatureEncoder,
     FeatureSpec,
     dense_value,
@@ -65,8 +56,13 @@ from deq_jax.nn.clrs_codec import (
     of_stage,
     parse_spec,
 )
-from deq_jax.nn.clrs_loops import ClrsStep, per_sample_norm, run_fixed_steps, unroll_to_fixed_point
-from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
+from deq_jax.models.clrs.loops import (
+    ClrsStep,
+    per_sample_norm,
+    run_fixed_steps,
+    unroll_to_fixed_point,
+)
+from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
 from deq_jax.nn.deq import DEQ, sow_terms
 from deq_jax.nn.spec import DEQSpec
 from deq_jax.nn.state import initial_state
@@ -75,7 +71,6 @@ from deq_jax.solvers.base import SolverStats
 
 MODES = ("deq", "hint_propagation", "fixed_steps")
 AUX_LOSS = "aux_loss"
-AUX_OUTPUTS = "aux_outputs"
 
 
 class ClrsModel(nn.Module):
@@ -83,24 +78,15 @@ class ClrsModel(nn.Module):
 
     Attributes:
       spec: the algorithm's features, rows ``(name, stage, location, type,
-        categories)`` (see `deq_jax.nn.clrs_codec.FeatureSpec`; one output feature, a
+        categories)`` (see `deq_jax.models.clrs.encoders.FeatureSpec`; one output feature, a
         node pointer or an edge mask; the ``adj`` input is the call's first argument).
       processor: ``"mpnn"``, ``"gmpnn"`` (gated) or ``"triplet_mpnn"``.
       hidden: the width ``H`` of embeddings and node states.
       triplet_features: the Triplet-MPNN's triplet width.
-      triplet_neighbours: the Triplet-MPNN's triplet max over common neighbours only.
       edge_state: the width of the Triplet-MPNN's persistent edge state (0: none; see
-        `deq_jax.nn.clrs_processors`); mode ``"deq"`` only, whose solver takes the
+        `deq_jax.models.clrs.processors`); mode ``"deq"`` only, whose solver takes the
         state pair.
-      edge_targets: sow logits ``[B, n, n, 2]`` read linearly from the fixed point's
-        edge state as ``"aux_outputs"`` (module docstring; needs ``edge_state``).
-      decode_edge_state: hand the output decoder the edge state at the fixed point
-        beside the input edge embeddings (needs ``edge_state``), so a pointer from
-        ``i`` to ``j`` reads the pair's own state, not only what the node states hold.
-      aggregation: the processor's ``"adjacency"`` or ``"full"`` max aggregation.
       mode: ``"deq"``, ``"hint_propagation"`` or ``"fixed_steps"``.
-      min_update: the cell's min update; ``softmin_tau > 0`` makes it smooth.
-      softmin_tau: the smooth min's temperature.
       step_penalty: the weight of the step penalty (0: off).
       hint_loss_weight: the weight of the hint loss in ``fixed_steps``.
       teacher_forcing: the probability, per example and step, of feeding the true hint
@@ -110,12 +96,10 @@ class ClrsModel(nn.Module):
       decode_edge_latents: decode the output from the input edge embeddings and the
         triplet edge latents of one more processor step at the final state (CLRS's
         Triplet-GMPNN decoders; ``processor="triplet_mpnn"``, not in ``fixed_steps``).
-      random_pos: in training, replace the ``pos`` input by sorted uniform draws (from
-        the ``"dropout"`` rng stream).
       deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`): the forward solver
         (``"deq"``; its ``tol`` and ``stop_mode`` also stop ``"hint_propagation"``),
-        the backward mode (``"deq"``), the initial state and the train and eval
-        iteration budgets (``None``: the solver's).
+        the backward mode (``"deq"``), the initial state, the train and eval
+        iteration budgets (``None``: the solver's) and the penalty terms.
 
     References:
       Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -127,21 +111,14 @@ class ClrsModel(nn.Module):
     processor: str = "mpnn"
     hidden: int = 64
     triplet_features: int = 8
-    triplet_neighbours: bool = False
     edge_state: int = 0
-    decode_edge_state: bool = False
-    edge_targets: bool = False
-    aggregation: str = "adjacency"
     mode: str = "deq"
-    min_update: bool = False
-    softmin_tau: float = 0.0
     step_penalty: float = 0.0
     hint_loss_weight: float = 1.0
     teacher_forcing: float = 0.0
     gumbel_hints: bool = False
     gumbel_tau: float = 1.0
     decode_edge_latents: bool = False
-    random_pos: bool = False
     deq: DEQSpec = DEQSpec()
 
     def __post_init__(self):
@@ -174,19 +151,14 @@ class ClrsModel(nn.Module):
                 f"(the others run on node states only); got {self.processor!r}, {self.mode!r}, "
                 f"step_penalty={self.step_penalty}."
             )
-        for name in ("decode_edge_state", "edge_targets"):
-            if getattr(self, name) and not self.edge_state:
-                raise ValueError(f"{name} needs an edge state (edge_state > 0).")
         if not 0.0 <= self.teacher_forcing <= 1.0:
             raise ValueError(f"teacher_forcing must lie in [0, 1], got {self.teacher_forcing}.")
         super().__post_init__()
 
     def _processor_kwargs(self) -> tuple[tuple[str, Any], ...]:
-        kwargs = dict(hidden=self.hidden, aggregation=self.aggregation)
-        kwargs.update(min_update=self.min_update, softmin_tau=self.softmin_tau)
+        kwargs = dict(hidden=self.hidden)
         if self.processor == "triplet_mpnn":
             kwargs["triplet_features"] = self.triplet_features
-            kwargs["triplet_neighbours"] = self.triplet_neighbours
             if self.edge_state:
                 kwargs["edge_state"] = self.edge_state
         return tuple(kwargs.items())
@@ -200,15 +172,6 @@ class ClrsModel(nn.Module):
         return initial_state(
             spec, self.deq.z_init, None if self.deq.z_init == "zeros" else self.make_rng("z0")
         )
-
-    def _random_positions(self, pos: jax.Array) -> jax.Array:
-        """``[B, n]`` sorted uniform draws in place of ``pos`` (CLRS's ``process_random_pos``)."""
-        if not self.has_rng("dropout"):
-            raise ValueError(
-                "random_pos draws from the 'dropout' rng stream; pass rngs={'dropout': key}."
-            )
-        draws = jax.random.uniform(self.make_rng("dropout"), pos.shape, jnp.float32)
-        return jnp.sort(draws, axis=-1).astype(pos.dtype)
 
     def _features(self, features: dict[str, Any], adjacency: jax.Array, init: bool):
         """The input values and the hint trajectories by feature name."""
@@ -226,7 +189,7 @@ class ClrsModel(nn.Module):
             if value is None and needed and not init:
                 raise ValueError(
                     f"ClrsModel in mode {self.mode!r} needs {prefix}{f.name}; a ClrsTask "
-                    "with extra_edge_rate or reroot_rate carries no hints (set them to 0)."
+                    "with extra_edge_rate or weight_power carries no hints (set them to 0, 1)."
                 )
             if value is None:
                 dtype = jnp.int32 if f.type == "pointer" else jnp.float32
@@ -264,8 +227,6 @@ class ClrsModel(nn.Module):
         b, n = adjacency.shape[:2]
         init = self.is_initializing()
         values, hints = self._features(features, adjacency, init)
-        if self.random_pos and train and "pos" in values:
-            values["pos"] = self._random_positions(values["pos"])
         if lengths is None:
             if self.mode == "fixed_steps" and not init:
                 raise ValueError("ClrsModel in mode 'fixed_steps' needs lengths.")
@@ -324,13 +285,7 @@ class ClrsModel(nn.Module):
         out = of_stage(self.spec, "output")[0]
         nodes = z[0] if self.edge_state else z  # the edge state is read through the cell
         h = jnp.concatenate([base.node, nodes], axis=-1)  # [B, n, 2H]
-        if self.edge_targets:  # pairwise facts of the tree, scored by the task's loss
-            pairs = nn.Dense(2, name="edge_target_decoder")(z[1])  # [B, n, n, 2]
-            if not init:
-                self.sow("intermediates", AUX_OUTPUTS, pairs)
         edge = base.edge
-        if self.decode_edge_state:
-            edge = jnp.concatenate([edge, z[1]], axis=-1)  # [B, n, n, H + F]
         if self.decode_edge_latents:
             if edge_latents is None:
                 _, edge_latents = cell(z, x, return_edges=True)

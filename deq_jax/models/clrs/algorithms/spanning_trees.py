@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from deq_jax.tasks.clrs._probing import Probes, Trajectory, mask_one
-from deq_jax.tasks.clrs.shortest_paths import extract_min_tree
+from deq_jax.models.clrs.algorithms.shortest_paths import extract_min_tree
+from deq_jax.models.clrs.probing import Probes, Trajectory, mask_one
 
 # Kruskal's phases (a categorical hint): next edge, find root of u, find root of v.
 _NEXT_EDGE, _FIND_U, _FIND_V = 0, 1, 2

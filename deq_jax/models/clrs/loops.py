@@ -1,4 +1,4 @@
-"""The loops of `deq_jax.nn.clrs_model` that are not a DEQ solve.
+"""The loops of `deq_jax.models.clrs.model` that are not a DEQ solve.
 
 * `unroll_to_fixed_point`: ``z <- f(z)`` per sample until its residual passes the
   solver's test, as a `jax.lax.scan`, so gradients flow back through every step (the
@@ -23,15 +23,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.nn.clrs_codec import (
-    FeatureDecoder,
-    FeatureEncoder,
-    FeatureSpec,
-    dense_value,
-    feature_loss,
-    feedback,
-)
-from deq_jax.nn.clrs_processors import ProcessorInputs, make_processor
+from deq_jax.models.clrs.decoders import FeatureDecoder, feedback
+from deq_jax.models.clrs.encoders import FeatureEncoder, FeatureSpec, dense_value
+from deq_jax.models.clrs.losses import feature_loss
+from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
 from deq_jax.solvers.base import REL_EPS, SolverStats
 
 

@@ -1,4 +1,17 @@
-"""CLRS-30 graph algorithms: seeded numpy samplers of inputs, hints and outputs.
+"""CLRS-30 with DEQ processors: one package, laid out as google-deepmind/clrs's ``_src``.
+
+Data (numpy/jax and `deq_jax.tasks`' base only):
+
+* `specs` (feature names, stages, locations, types; `model_spec`), `probing`,
+  `algorithms` (the reference implementations recording their hints), `graphs`,
+  `samplers` (seeded splits, CLRS's ``Feedback``), `augment` (output-preserving
+  training-graph changes), `local_rules` (per-node facts of a true solution),
+  `evaluation` (CLRS's scores), `diagnostics` (where a model's errors sit);
+* `dataset` (`ClrsConfig`, the generated splits) and `task` (`ClrsTask`, registered
+  here as the task ``clrs``: ``tasks.get("clrs", algorithm="bfs")``).
+
+Model (`deq_jax.nn` and below): `encoders`, `processors`, `decoders`, `losses`, `loops`
+(the non-DEQ modes' loops) and `model` (`ClrsModel`, the model ``clrs_deq``).
 
 Six algorithms of the CLRS Algorithmic Reasoning Benchmark, with its feature names,
 stages, locations and types (`SPECS`), its graph distributions
@@ -6,7 +19,7 @@ stages, locations and types (`SPECS`), its graph distributions
 implementations: ``bellman_ford``, ``bfs``, ``dfs``, ``dijkstra``, ``mst_kruskal``
 and ``mst_prim``. No TensorFlow; every split is generated in memory from a seed::
 
-    from deq_jax.tasks import clrs
+    from deq_jax.models import clrs
 
     splits = clrs.clrs30_splits("bfs")          # {"train", "val", "test"}
     train = splits["train"]                     # 1000 graphs of 16 nodes, seed 1
@@ -29,23 +42,20 @@ Data layout (``N`` examples, ``n`` nodes, ``T`` padded hint steps):
 
 Unknown algorithm names raise a ValueError that lists the valid ones.
 
-`ClrsTask` (registered as the task ``clrs``, ``tasks.get("clrs", algorithm="bfs")``)
-puts one algorithm behind the uniform task interface, with CLRS's scores
-(`pointer_score`, `mask_score`, in `deq_jax.tasks.clrs.scores`) and the model spec
-`model_spec` of `deq_jax.nn.clrs_model.ClrsModel`; see `deq_jax.tasks.clrs.task`. Its
-loss weights and reference scores read per-node facts of the true solution from
-`deq_jax.tasks.clrs.local_rules` (`lightest_neighbours`, `near_tie_gaps`,
-`tree_relations`).
-
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
   Xhonneux et al., "Deep Equilibrium Models for Algorithmic Reasoning", ICLR 2024
   blog post track.
 """
 
-from deq_jax.tasks.clrs.graphs import adjacency, er_graph
-from deq_jax.tasks.clrs.local_rules import lightest_neighbours, near_tie_gaps, tree_relations
-from deq_jax.tasks.clrs.sampler import (
+from deq_jax import tasks
+from deq_jax.models.clrs.algorithms import bellman_ford, bfs, dfs, dijkstra, mst_kruskal, mst_prim
+from deq_jax.models.clrs.dataset import ClrsConfig
+from deq_jax.models.clrs.evaluation import f1_from_counts, mask_score, pointer_score
+from deq_jax.models.clrs.graphs import adjacency, er_graph
+from deq_jax.models.clrs.local_rules import lightest_neighbours, near_tie_gaps
+from deq_jax.models.clrs.model import ClrsModel
+from deq_jax.models.clrs.samplers import (
     CLRS30_SEEDS,
     GRAPH_DISTRIBUTIONS,
     ClrsDataset,
@@ -59,10 +69,7 @@ from deq_jax.tasks.clrs.sampler import (
     sample_dataset,
     sample_example,
 )
-from deq_jax.tasks.clrs.scores import f1_from_counts, mask_score, pointer_score
-from deq_jax.tasks.clrs.shortest_paths import bellman_ford, dijkstra
-from deq_jax.tasks.clrs.spanning_trees import mst_kruskal, mst_prim
-from deq_jax.tasks.clrs.specs import (
+from deq_jax.models.clrs.specs import (
     ALGORITHMS,
     NUM_CATEGORIES,
     SPECS,
@@ -71,11 +78,15 @@ from deq_jax.tasks.clrs.specs import (
     Type,
     check_algorithm,
     feature_shape,
+    model_spec,
 )
-from deq_jax.tasks.clrs.task import ClrsConfig, ClrsTask, model_spec
-from deq_jax.tasks.clrs.traversal import bfs, dfs
+from deq_jax.models.clrs.task import ClrsTask, clrs
+
+tasks.register(clrs.__name__, clrs)
 
 __all__ = [
+    "ClrsModel",
+    "clrs",
     "ALGORITHMS",
     "CLRS30_SEEDS",
     "ClrsConfig",
@@ -112,5 +123,4 @@ __all__ = [
     "run_algorithm",
     "sample_dataset",
     "sample_example",
-    "tree_relations",
 ]

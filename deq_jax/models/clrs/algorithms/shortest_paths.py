@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from deq_jax.tasks.clrs._probing import Probes, Trajectory, mask_one
+from deq_jax.models.clrs.probing import Probes, Trajectory, mask_one
 
 # CLRS's drop-in for extract-min adds this to the keys of nodes outside the queue.
 _NOT_QUEUED = 1e9

@@ -8,19 +8,18 @@ encoded node, edge and graph features and the adjacency. With ``h_i = [x_i, z_i]
 * messages ``m_ij = MLP(relu(W_s h_i + W_r h_j + W_e e_ij + W_g g))`` from sender ``i``
   to receiver ``j`` (plus, for the Triplet-MPNN, the edge latent ``t_ij``);
 * max aggregation ``a_j = max_{i: adj_ij = 1} m_ij`` (the adjacency holds self-loops,
-  so every node hears itself; ``aggregation="full"`` takes every node, as CLRS's MPNN);
+  so every node hears itself);
 * update ``z'_j = LN(relu(U_1 h_j + U_2 a_j))``; the Triplet-MPNN gates it,
   ``z'_j = gate_j * z'_j + (1 - gate_j) * z_j``, the gate's bias starting at -3 so a
   fresh cell mostly keeps its state.
 
 Triplet messages (Dudzik & Veličković 2022; Ibarz et al. 2022): ``t_ijk = T_1 h_i +
 T_2 h_j + T_3 h_k + T_e1 e_ij + T_e2 e_ik + T_e3 e_jk + T_g g`` (``triplet_features``
-wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair (with
-``triplet_neighbours`` the max runs over the common neighbours ``i`` of ``j`` and ``k``
-only, `common_neighbour_max`). CLRS's code hands these latents to its decoders only;
-here they also enter the messages, so they shape the fixed point the DEQ solves for,
-and ``cell(z, x, return_edges=True)`` hands them out for the decoders too
-(`deq_jax.nn.clrs_model.ClrsModel`'s ``decode_edge_latents``).
+wide), ``t_jk = relu(O max_i t_ijk)`` an edge latent per pair. CLRS's code hands
+these latents to its decoders only; here they also enter the messages, so they shape
+the fixed point the DEQ solves for, and ``cell(z, x, return_edges=True)`` hands them
+out for the decoders too (`deq_jax.models.clrs.model.ClrsModel`'s
+``decode_edge_latents``).
 
 With ``edge_state = F > 0`` (Triplet-MPNN only) the processor keeps a persistent edge
 state ``s [B, n, n, F]`` beside the node states, as the Relational Transformer keeps
@@ -30,12 +29,6 @@ edge features, pass a ReLU layer before the max (so a step can compose ``s_ij`` 
 ``s'_jk = g_jk * LN(relu(S [max_i t_ijk, s_jk, e_jk])) + (1 - g_jk) * s_jk`` with a
 gate ``g`` like the node update's; the messages read ``s_ij`` as well. The DEQ solves
 for the pair.
-
-Update rules from the CLRS DEQ study (Xhonneux et al. 2024): ``min_update`` replaces
-the proposal ``p = step(z)`` by ``min(z, p)`` (elementwise), making the iteration
-monotone; with ``softmin_tau > 0`` by the smooth version ``z + sigmoid((z - p) / tau)
-(p - z)``, the mean of ``z`` and ``p`` weighted by ``softmax(-[z, p] / tau)``, which
-tends to the min as ``tau -> 0`` and whose only fixed points are ``p = z``.
 
 Every term is a per-node or per-edge map or a max over nodes, so the processors are
 equivariant to relabelling the nodes and run on any graph size.
@@ -49,7 +42,7 @@ References:
   Diao & Loynd, "Relational Attention: Generalizing Transformers for Graph-Structured
   Tasks", ICLR 2023 (persistent edge states on CLRS).
   Xhonneux, He, Deac, Tang, Gidel, "Deep Equilibrium Models for Algorithmic
-  Reasoning", ICLR 2024 blog post track (min update, softmin).
+  Reasoning", ICLR 2024 blog post track.
 """
 
 from __future__ import annotations
@@ -63,7 +56,6 @@ import jax.numpy as jnp
 
 from deq_jax.nn.state import state_like
 
-AGGREGATIONS = ("adjacency", "full")
 # Stands in for -inf where a sender is not a neighbour (CLRS's BIG_NUMBER).
 _BIG = 1e6
 
@@ -83,24 +75,6 @@ class ProcessorInputs(NamedTuple):
     edge: jax.Array
     graph: jax.Array
     adjacency: jax.Array
-
-
-def min_update(z: jax.Array, proposal: jax.Array, tau: float = 0.0) -> jax.Array:
-    """``min(z, proposal)`` elementwise, or its smooth version for ``tau > 0``.
-
-    The smooth version is ``z + sigmoid((z - p) / tau) * (p - z)``: the average of ``z``
-    and ``p`` weighted by ``softmax(-[z, p] / tau)``; it tends to the min as ``tau ->
-    0`` and equals ``z`` only where ``p = z``.
-
-    References:
-      Xhonneux et al., "Deep Equilibrium Models for Algorithmic Reasoning", ICLR 2024
-      blog post track.
-    """
-    if tau < 0:
-        raise ValueError(f"softmin_tau must be >= 0, got {tau}.")
-    if tau == 0:
-        return jnp.minimum(z, proposal)
-    return z + jax.nn.sigmoid((z - proposal) / tau) * (proposal - z)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -138,22 +112,6 @@ def masked_max(messages: jax.Array, adjacency: jax.Array) -> jax.Array:
     return max_reduce(jnp.where(keep, messages, -_BIG), 1)
 
 
-def common_neighbour_max(triplets: jax.Array, adjacency: jax.Array) -> jax.Array:
-    """``t_jk = max_{i: adj_ij = adj_ik = 1} t_ijk``, 0 where ``j`` and ``k`` share none.
-
-    Args:
-      triplets: ``[B, n, n, n, F]``, ``triplets[:, i, j, k]``.
-      adjacency: ``[B, n, n]`` 0/1 (with self-loops, so ``j`` itself counts when
-        ``adj_jk = 1``).
-
-    Returns:
-      ``[B, n, n, F]``.
-    """
-    common = adjacency[:, :, :, None] * adjacency[:, :, None, :]  # [B, i, j, k]
-    pooled = masked_max(triplets, common)
-    return jnp.where(jnp.any(common > 0.5, axis=1)[..., None], pooled, 0.0)
-
-
 def triplet_messages(
     h: jax.Array, edge: jax.Array, graph: jax.Array, features: int, dense: Any
 ) -> jax.Array:
@@ -184,20 +142,12 @@ class MPNN(nn.Module):
 
     Attributes:
       hidden: the state size ``H`` per node (also the message width).
-      aggregation: ``"adjacency"`` (max over in-neighbours and self, PGN-style) or
-        ``"full"`` (max over every node, CLRS's MPNN; the graph then enters through
-        the edge features only).
       use_ln: layer-normalise the update (as CLRS's baselines).
       gated: gate the update (Ibarz et al. 2022).
       use_triplets: add triplet edge latents to the messages.
       triplet_features: the width of ``t_ijk``.
-      triplet_neighbours: take the triplet max over the common neighbours ``i`` of
-        ``j`` and ``k`` only (`common_neighbour_max`) instead of every node, so the
-        latent of a pair does not see more candidates as the graph grows.
       edge_state: the width ``F`` of a persistent edge state (module docstring; 0:
         none). The state is then the pair ``(z [B, n, H], s [B, n, n, F])``.
-      min_update: ``z' = min(z, step(z))`` (see `min_update`; node states only).
-      softmin_tau: with ``min_update``, the smooth min's temperature (0: hard min).
       param_dtype: dtype of the parameters.
 
     References:
@@ -206,26 +156,14 @@ class MPNN(nn.Module):
     """
 
     hidden: int = 64
-    aggregation: str = "adjacency"
     use_ln: bool = True
     gated: bool = False
     use_triplets: bool = False
     triplet_features: int = 8
-    triplet_neighbours: bool = False
     edge_state: int = 0
-    min_update: bool = False
-    softmin_tau: float = 0.0
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}."
-            )
-        if self.softmin_tau < 0:
-            raise ValueError(f"softmin_tau must be >= 0, got {self.softmin_tau}.")
-        if self.triplet_neighbours and not self.use_triplets:
-            raise ValueError(f"triplet_neighbours needs use_triplets=True ({type(self).__name__}).")
         if self.edge_state < 0 or (self.edge_state and not self.use_triplets):
             raise ValueError(
                 f"edge_state must be >= 0 and needs use_triplets=True ({type(self).__name__}), "
@@ -288,17 +226,13 @@ class MPNN(nn.Module):
             triplets = triplet_messages(h, edge_in, x.graph, self.triplet_features, self._dense)
             if self.edge_state:  # a ReLU layer before the max: min-max compositions
                 triplets = self._dense(self.triplet_features, "triplet_hidden")(nn.relu(triplets))
-            if self.triplet_neighbours:
-                pooled = common_neighbour_max(triplets, x.adjacency)
-            else:
-                pooled = max_reduce(triplets, 1)
+            pooled = max_reduce(triplets, 1)
             latents = self._dense(width, "triplet_out")(pooled)  # [B, n, n, H]
             latents = nn.relu(latents)
             messages = messages + latents
         messages = self._dense(width, "msg_mlp_1")(nn.relu(messages))
         messages = self._dense(width, "msg_mlp_2")(nn.relu(messages))
-        adjacency = x.adjacency if self.aggregation == "adjacency" else jnp.ones_like(x.adjacency)
-        aggregated = masked_max(messages, adjacency)  # [B, n, H]
+        aggregated = masked_max(messages, x.adjacency)  # [B, n, H]
         out = nn.relu(
             self._dense(width, "update_self")(h) + self._dense(width, "update_msg")(aggregated)
         )
@@ -311,8 +245,6 @@ class MPNN(nn.Module):
                 self._dense(width, "gate_out", bias_init=bias_init)(nn.relu(gate))
             )
             out = gate * out + (1.0 - gate) * z
-        if self.min_update:
-            out = min_update(z, out, self.softmin_tau)
         if self.edge_state:
             out = (out, self._edge_update(pooled, edge_z, x.edge))
         return (out, latents) if return_edges else out

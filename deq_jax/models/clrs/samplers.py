@@ -5,7 +5,7 @@
 its hints (`run_algorithm`) and stacks every feature with the batch axis first: inputs
 and outputs ``[N, *shape]``, hints ``[N, T, *shape]`` zero-padded to the dataset's
 longest trajectory ``T``, and ``lengths`` int32 ``[N]`` (valid hint steps per example),
-where ``shape`` is `deq_jax.tasks.clrs.specs.feature_shape`. `clrs30_splits` builds
+where ``shape`` is `deq_jax.models.clrs.specs.feature_shape`. `clrs30_splits` builds
 the CLRS-30 train / val / test splits.
 
 As in CLRS, the seed alone fixes the graphs: algorithms sharing a distribution
@@ -26,11 +26,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from deq_jax.tasks.clrs import specs
-from deq_jax.tasks.clrs.graphs import adjacency, er_graph
-from deq_jax.tasks.clrs.shortest_paths import bellman_ford, dijkstra
-from deq_jax.tasks.clrs.spanning_trees import mst_kruskal, mst_prim
-from deq_jax.tasks.clrs.traversal import bfs, dfs
+from deq_jax.models.clrs import specs
+from deq_jax.models.clrs.algorithms.shortest_paths import bellman_ford, dijkstra
+from deq_jax.models.clrs.algorithms.spanning_trees import mst_kruskal, mst_prim
+from deq_jax.models.clrs.algorithms.traversal import bfs, dfs
+from deq_jax.models.clrs.graphs import adjacency, er_graph
 
 Arrays = dict[str, np.ndarray]
 
@@ -118,7 +118,7 @@ class ClrsDataset:
     """A batched dataset of one algorithm (read-only arrays, batch axis first).
 
     Attributes:
-      algorithm: a name in `deq_jax.tasks.clrs.specs.ALGORITHMS`.
+      algorithm: a name in `deq_jax.models.clrs.specs.ALGORITHMS`.
       inputs: ``{name: [N, *shape]}``.
       hints: ``{name: [N, T, *shape]}``, zero-padded past ``lengths`` (empty when
         sampled ``with_hints=False``).
@@ -197,7 +197,7 @@ def run_algorithm(algorithm: str, A: np.ndarray, source: int | None = None) -> E
     """Runs ``algorithm`` on one graph and encodes its probes per the spec.
 
     Args:
-      algorithm: a name in `deq_jax.tasks.clrs.specs.ALGORITHMS`.
+      algorithm: a name in `deq_jax.models.clrs.specs.ALGORITHMS`.
       A: ``[n, n]`` weights, ``A[i, j] != 0`` an edge ``i -> j`` (copied as float64).
       source: the start node, for the algorithms whose spec has the ``s`` input.
 
@@ -236,7 +236,7 @@ def sample_example(
     """Draws one graph (and source) from the algorithm's distribution and runs it.
 
     Args:
-      algorithm: a name in `deq_jax.tasks.clrs.specs.ALGORITHMS`.
+      algorithm: a name in `deq_jax.models.clrs.specs.ALGORITHMS`.
       rng: the random stream (advanced in place: graph, then source, as CLRS).
       num_nodes: nodes ``n``.
       p: overrides the distribution's ``p``; a sequence draws one value per graph,
@@ -303,7 +303,7 @@ def sample_dataset(
     """Samples a batched dataset, deterministically from its arguments; cached.
 
     Args:
-      algorithm: a name in `deq_jax.tasks.clrs.specs.ALGORITHMS`.
+      algorithm: a name in `deq_jax.models.clrs.specs.ALGORITHMS`.
       num_examples: ``N``.
       num_nodes: nodes per graph ``n``.
       seed: seeds the one random stream the examples are drawn from in turn.

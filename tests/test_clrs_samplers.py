@@ -8,7 +8,8 @@ import pytest
 import scipy.sparse
 import scipy.sparse.csgraph
 
-from deq_jax.tasks import clrs, data
+from deq_jax.models import clrs
+from deq_jax.tasks import data
 
 N, NODES = 32, 16  # examples and nodes of the datasets most tests check
 
