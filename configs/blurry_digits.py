@@ -3,9 +3,8 @@
 Trains the small convolutional DEQ of ``configs/digits.py``
 (`deq_jax.models.vision.DigitsDEQ`) on scikit-learn digits blurred with a Gaussian of
 standard deviation 0.5 pixels and reports the accuracy on the test digits blurred at
-0.5, 1 and 1.5 pixels, at 1x, 2x and 4x the train solver budget (about 2.5 minutes
-on 2 CPU cores; about 99%, 87% and 62% accuracy, the same at every budget). Run it
-with::
+0.5, 1 and 1.5 pixels, at 1x, 2x and 4x the train solver budget (results:
+BUILD_NOTES.md, "Path independence"). Run it with::
 
     python -m launch.main --config configs/blurry_digits.py --workdir /tmp/blurry_digits
 

@@ -26,8 +26,8 @@ passes ``deq.settle_tol`` (1e-6) or when the decoded answer has not changed for
 ``deq.settle_patience`` steps, whichever comes first.
 
 Sizes: hidden 64, 2000 steps of batch 32, chosen to finish in well under an hour on a
-2-core CPU per run. Results: BUILD_NOTES.md, "Algorithmic reasoning: CLRS-30 with DEQ
-processors (issue 7)"; each algorithm's file names its line.
+2-core CPU per run. Results: BUILD_NOTES.md, "CLRS-30"; each
+algorithm's file names its line.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.

@@ -17,10 +17,8 @@ Variants (alone or joined by commas, `configs.clrs_base.apply_variants`)::
     python -m launch.main --config configs/clrs_bellman_ford.py:hint_propagation --workdir /tmp/hp
     python -m launch.main --config configs/clrs_bellman_ford.py:fixed_steps --workdir /tmp/clrs_fs
 
-Results: BUILD_NOTES.md, "Stopping when the answer settles (session 27)", the
-bellman_ford row of the report with the configs as they now are; ``large``: "Extra
-edges that keep the output", the ``bf_h128_xe1_6k`` row, and "Bellman-Ford's goal
-recipe on a second train seed"; the modes: "Measurements", the 600-step table.
+Results: BUILD_NOTES.md, "CLRS-30", the bellman_ford row of the report table; ``large``:
+the goal recipes under it; the modes: the paragraph on the three modes.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.

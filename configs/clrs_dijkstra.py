@@ -12,9 +12,8 @@ Variants (alone or joined by commas, `configs.clrs_base.apply_variants`)::
     python -m launch.main --config configs/clrs_dijkstra.py:hint_propagation --workdir /tmp/hp
     python -m launch.main --config configs/clrs_dijkstra.py:fixed_steps --workdir /tmp/clrs_fs
 
-Results: BUILD_NOTES.md, "Stopping when the answer settles (session 27)", the
-dijkstra row of the report with the configs as they now are; the modes:
-"Measurements", the 600-step table.
+Results: BUILD_NOTES.md, "CLRS-30", the dijkstra row of the report table; the modes: the
+paragraph on the three modes.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.

@@ -19,10 +19,8 @@ Variants (alone or joined by commas, `configs.clrs_base.apply_variants`)::
     python -m launch.main --config configs/clrs_mst_kruskal.py:hint_propagation --workdir /tmp/hp
     python -m launch.main --config configs/clrs_mst_kruskal.py:fixed_steps --workdir /tmp/clrs_fs
 
-Results: BUILD_NOTES.md, "Stopping when the answer settles (session 27)", the
-mst_kruskal row of the report with the configs as they now are; the weights: "MST-Kruskal
-with the non-tree edges weighted in the loss"; the modes: "Measurements", the 600-step
-table.
+Results: BUILD_NOTES.md, "CLRS-30", the mst_kruskal row of the report table; the modes:
+the paragraph on the three modes.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.

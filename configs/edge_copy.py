@@ -4,8 +4,7 @@ Trains on noisy 10-node Erdős–Rényi graphs to reproduce the clean edge featu
 reports the mean squared error over the edges of 10-, 20- and 40-node graphs at 1x, 2x
 and 4x the train solver budget (`deq_jax.models.reasoning.EdgeCopyDEQ`: one state
 per edge, updated from the edges that share an endpoint; the same parameters on every
-graph size). About 3 minutes on 2 CPU cores; mse about 0.0004 on every graph size
-(predicting zero: 1/3). Run it with::
+graph size). Results: BUILD_NOTES.md, "Path independence". Run it with::
 
     python -m launch.main --config configs/edge_copy.py --workdir /tmp/edge_copy
 

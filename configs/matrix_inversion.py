@@ -3,9 +3,8 @@
 Trains on matrices of condition number 1 to 5 and reports the mean squared error of
 the predicted inverse on matrices of condition number 2 to 50 at 1x, 2x and 4x the
 train solver budget (`deq_jax.models.reasoning.MatrixInversionDEQ`: the flattened
-matrix is projected and injected into an `MLPCell`, read out as a matrix). About a
-minute on 2 CPU cores; test mse 0.0002 at condition number 2, 0.006 at 5 (predicting
-the mean inverse: 0.038) and 0.37 at 50. Run it with::
+matrix is projected and injected into an `MLPCell`, read out as a matrix). Results:
+BUILD_NOTES.md, "Path independence". Run it with::
 
     python -m launch.main --config configs/matrix_inversion.py --workdir /tmp/matinv
 

@@ -25,13 +25,10 @@ from configs import default, mazes
 def get_config(arg: str | None = None) -> ConfigDict:
     """The maze solver config; ``arg="smoke"`` gives the seconds-long variant."""
     arg = default.variant(arg)
-    # A narrow network and a 1x1 initialiser (2,089 parameters, 2.85% of the 73K-parameter
-    # DEQ), unrolled for 20 steps, 300 steps at learning rate 5e-3, none of them
-    # backpropagating through the cell, beta fixed to 1: 99.0% of 1,000 13x13 test mazes
-    # solved after 34 steps where Anderson needs 50 (1.5x faster). The fit takes 63 s,
-    # about 4% of the DEQ's training; with the backward pass through the cell it took
-    # nine times longer for no fewer steps (measured figures in BUILD_NOTES.md). The
-    # budget is the maze model's eval budget.
+    # A narrow network and a 1x1 initialiser, unrolled for 20 steps, 300 fit steps at
+    # learning rate 5e-3, none of them backpropagating through the cell (as cheap and
+    # as fast as the full gradient), beta fixed to 1. The budget is the maze model's
+    # eval budget. Results: BUILD_NOTES.md, "Neural DEQ solver", the maze table.
     config = default.hypersolver(
         mazes.get_config(arg),
         arg,

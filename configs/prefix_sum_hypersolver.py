@@ -24,13 +24,9 @@ from configs import default, prefix_sum
 def get_config(arg: str | None = None) -> ConfigDict:
     """The prefix-sum solver config; ``arg="smoke"`` gives the seconds-long variant."""
     arg = default.variant(arg)
-    # Small next to the 23.5K-parameter DEQ (2,097 parameters, 8.9%). Unrolled for the 20
-    # steps where this DEQ's answers are decided, 1,500 steps at 3e-3: 99.5% string
-    # accuracy on length 32 after 16 steps where Anderson needs 28 (K = 10 and 300
-    # steps: 24). The first 1,200 steps skip the backward pass through the cell: the fit
-    # takes 108 s instead of 430 s for the same 16 steps (all 1,500 detached: 20 steps).
-    # beta is fixed to 1 (the learned one settled at 0.99-1.0): the same steps, each
-    # cheaper than a learned-beta or an Anderson step. Measured figures in BUILD_NOTES.md.
+    # Unrolled for the 20 steps where this DEQ's answers are decided, 1,500 fit steps at
+    # 3e-3, the first 1,200 without the backward pass through the cell, beta fixed to 1.
+    # Results: BUILD_NOTES.md, "Neural DEQ solver", the prefix-sum table.
     return default.hypersolver(
         prefix_sum.get_config(arg),
         arg,

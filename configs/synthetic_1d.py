@@ -5,10 +5,8 @@ fit to ``y = 1.5 x^3 + x^2 - 5 x + 2 sin(x) - 3 + noise`` with Adam (1e-3, cosin
 schedule, 80,000 steps of 128 pairs: two to three minutes on 2 CPU cores) and an
 Anderson forward solver; the Jacobian regulariser is off unless
 ``--config.regularizer.jacobian_weight`` is set, and then uses M = 4 Hutchinson probes.
-The length and the probes were chosen on seeds 10-14 (BUILD_NOTES.md): at 20,000 steps
-the regularised model stops short of the noise floor 0.05^2 = 0.0025 (validation MSE
-0.0031-0.0066 on those seeds), at 80,000 it reaches it (0.0025-0.0030 on seeds 0-9).
-Run it with::
+The length and the probes were chosen on seeds 10-14 (BUILD_NOTES.md, "Jacobian
+regularisation", which holds the results). Run it with::
 
     python -m launch.main --config configs/synthetic_1d.py --workdir /tmp/syn1d \\
         --config.regularizer.jacobian_weight=4
