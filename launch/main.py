@@ -111,10 +111,19 @@ def main(argv: Sequence[str]) -> None:
     reject_arguments(argv)
     quiet_library_logs()
     config, emit = _CONFIG.value, functools.partial(print, flush=True)
-    if config.get("neural_solver", {}).get("deq_workdir", ""):
+    language = "seq_len" in config.train  # a language model: segments with memory
+    if config.get("neural_solver", {}).get("deq_workdir", "") and language:
+        from deq_jax.training.lm_hypersolver import train_lm_hypersolver
+
+        train_lm_hypersolver(config, _WORKDIR.value, emit=emit)
+    elif config.get("neural_solver", {}).get("deq_workdir", ""):
         from deq_jax.training import train_hypersolver
 
         train_hypersolver(config, _WORKDIR.value, emit=emit)
+    elif language:
+        from deq_jax.training.lm_train import train_language_model
+
+        train_language_model(config, _WORKDIR.value, emit=emit)
     else:
         from deq_jax.training import train_and_evaluate
 

@@ -16,12 +16,18 @@ residual of 1e-3 and Anderson's best metric, and the neural solver's speed-up) a
     python -m launch.solver_pareto --config configs/prefix_sum_hypersolver.py \\
         --workdir /tmp/ps_solver --config.neural_solver.deq_workdir=/tmp/ps --split test_32
 
+On a language model (``configs/lm_shakespeare_hypersolver.py``) every solver streams the
+first ``--max_batches`` segments of the split with the segment memory, the metric is
+bits per character (lower is better; a solver must come within 0.005 bpc of Anderson's
+best) and the time is that of one segment batch with a filled memory.
+
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Figures 4, 8a).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -79,7 +85,18 @@ def metric_key(metrics: dict[str, float]) -> tuple[str, bool]:
     for key in ("string_accuracy", "maze_accuracy", "accuracy"):
         if key in metrics:
             return key, True
+    for key in ("bpc", "ppl"):
+        if key in metrics:
+            return key, False
     return "mse", False
+
+
+def metric_target(key: str, best: float, higher: bool) -> float:
+    """The metric a solver must reach: Anderson's ``best`` less `METRIC_MARGIN` (absolute
+    for accuracies and bits per character, relative for mse and perplexity)."""
+    if higher:
+        return best - METRIC_MARGIN
+    return best + METRIC_MARGIN if key == "bpc" else best * (1 + METRIC_MARGIN)
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -147,6 +164,98 @@ def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> 
     return curves
 
 
+def _lm_segments(hyper: Any, split: str, batch_size: int, count: int, seq_len: int) -> list[Any]:
+    """The first ``count`` segments of ``split`` in stream order, on the mesh."""
+    import itertools
+
+    from deq_jax.training.lm_train import lm_device_batch
+
+    run = hyper.deq
+    batches = run.task.eval_iterator(split, batch_size, seq_len)
+    return [lm_device_batch(b, run.mesh) for b in itertools.islice(batches, count)]
+
+
+def sweep_lm(
+    hyper: Any,
+    split: str,
+    budgets: Sequence[int],
+    repeats: int,
+    max_batches: int,
+    batch_size: int,
+    *,
+    seq_len: int,
+) -> dict[str, list[dict[str, float]]]:
+    """`sweep` for a language model: each solver streams the first ``max_batches``
+    segments of ``split`` with the segment memory (bits per character, residual, steps);
+    the time is that of one segment batch with a filled memory."""
+    import numpy as np
+
+    from deq_jax.training.lm_steps import make_lm_eval_step, place_memory
+
+    run, frozen = hyper.deq, hyper.frozen
+    template = jax.tree_util.tree_map(np.asarray, run.model.init_mems(batch_size))
+    segments = _lm_segments(hyper, split, batch_size, max(max_batches, 2), seq_len)
+    table: dict[str, list[dict[str, float]]] = {}
+    timed = {}
+    for name, (solver, z_init) in solver_lineup(hyper).items():
+        for budget in budgets:
+            model = frozen.with_solver(solver.replace(full_budget=True, max_iter=budget), z_init)
+            step = make_lm_eval_step(model, run.mesh, template, max_iter=budget, donate=False)
+            mems, totals = place_memory(template, run.mesh, batch_size), {}
+            for batch in segments:
+                before = mems
+                mems, sums = step(run.state, mems, batch)
+                for k, v in jax.device_get(sums).items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+            timed[name, budget] = (step, before, segments[-1])
+            rows = max(totals["rows"], 1.0)
+            row = dict(run.task.summarize(totals["nll_sum"], totals["count"]))
+            row.update(
+                budget=budget,
+                nstep_mean=totals["nstep_sum"] / rows,
+                rel_residual=totals["rel_residual_sum"] / rows,
+                converged=totals["converged_sum"] / rows,
+            )
+            table.setdefault(name, []).append(row)
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in timed}
+    for _ in range(repeats):  # interleaved, so every solver sees the same load
+        for key, (step, mems, batch) in timed.items():
+            times[key].append(_timed(lambda s=step, m=mems, b=batch: s(run.state, m, b)))
+    for name, rows in table.items():
+        for row in rows:
+            row["seconds"] = float(np.median(times[name, row["budget"]]))
+    return table
+
+
+def residual_curves_lm(
+    hyper: Any, split: str, steps_max: int, batch_size: int, *, seq_len: int
+) -> dict:
+    """`residual_curves` for a language model: the second segment of ``split`` with the
+    memory of the first."""
+    import numpy as np
+
+    from deq_jax.nn.intercept import deq_call
+
+    run, frozen = hyper.deq, hyper.frozen
+    first, second = _lm_segments(hyper, split, batch_size, 2, seq_len)
+    mems = run.model.apply(
+        frozen.variables, first["inputs"], mems=run.model.init_mems(batch_size), train=False
+    ).mems
+    curves = {}
+    for name, (solver, z_init) in solver_lineup(hyper).items():
+        model = frozen.with_solver(
+            solver.replace(full_budget=True, max_iter=steps_max, stop_mode="rel"), z_init
+        )
+        call = jax.jit(
+            lambda v, x, m, model=model: (
+                deq_call(model, v, x, max_iter=steps_max, mems=m).stats.trace
+            )
+        )
+        trace = np.asarray(call(frozen.variables, second["inputs"], mems))  # [B, T]
+        curves[name] = [float(x) for x in np.mean(trace, axis=0)]
+    return curves
+
+
 def _first(rows: list[dict], ok: Callable[[dict], bool]) -> dict | None:
     """The cheapest row (by time) meeting ``ok``."""
     good = [r for r in rows if ok(r)]
@@ -157,7 +266,7 @@ def summarize(table: dict[str, list[dict]], curves: dict[str, list], unroll: int
     """Time to the residual goal and to Anderson's metric, speed-ups, stability past ``K``."""
     key, higher = metric_key(table["anderson"][0])
     best = max(table["anderson"], key=lambda r: r["budget"])[key]
-    target = best - METRIC_MARGIN if higher else best * (1 + METRIC_MARGIN)
+    target = metric_target(key, best, higher)
     meets = (lambda r: r[key] >= target) if higher else (lambda r: r[key] <= target)
     out: dict[str, Any] = {"metric": key, "metric_target": target, "residual_goal": RESIDUAL_GOAL}
     for name, rows in table.items():
@@ -192,14 +301,23 @@ def run_pareto(
 ) -> dict:
     """Sweeps, summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
     from deq_jax.training.hypersolver import load_hypersolver
+    from deq_jax.training.lm_hypersolver import load_lm_hypersolver
     from launch.solver_pareto_plots import plot_pareto
 
-    hyper = load_hypersolver(config, workdir, emit)
+    language = "seq_len" in config.train
+    if language:
+        hyper = load_lm_hypersolver(config, workdir, emit)
+        seq_len = config.eval.seq_len or config.train.seq_len
+        sweep_fn = functools.partial(sweep_lm, seq_len=seq_len)
+        curves_fn = functools.partial(residual_curves_lm, seq_len=seq_len)
+    else:
+        hyper = load_hypersolver(config, workdir, emit)
+        sweep_fn, curves_fn = sweep, residual_curves
     split = split or hyper.deq.task.eval_splits[0]
     unroll = int(hyper.report["spec"]["unroll_steps"])
     batch_size = config.eval.batch_size
-    table = sweep(hyper, split, budgets, repeats, max_batches, batch_size)
-    curves = residual_curves(hyper, split, max(max(budgets), 4 * unroll), batch_size)
+    table = sweep_fn(hyper, split, budgets, repeats, max_batches, batch_size)
+    curves = curves_fn(hyper, split, max(max(budgets), 4 * unroll), batch_size)
     report = {
         "split": split,
         "budgets": list(budgets),

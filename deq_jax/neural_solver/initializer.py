@@ -20,6 +20,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -30,6 +31,29 @@ from deq_jax.neural_solver.params import FrozenParams
 INITIALIZER_KINDS = ("sequence", "image", "vector")
 
 _zeros = nn.initializers.zeros
+
+
+# The key of a DEQ's injected input that an initialiser reads when that input is a
+# mapping (the language model's injection next to its segment memory).
+INJECTION_KEY = "injection"
+
+
+def initializer_input(x: Any) -> jax.Array:
+    """The array an initialiser reads from a DEQ's injected input ``x``: ``x`` itself,
+    or ``x["injection"]`` when ``x`` is a mapping (e.g. the injection and the memory of
+    `deq_jax.models.language.DEQTransformerLM`).
+
+    Raises:
+      ValueError: for a mapping without an ``"injection"`` entry.
+    """
+    if isinstance(x, Mapping):
+        if INJECTION_KEY not in x:
+            raise ValueError(
+                f"A DEQ whose injected input is a mapping ({sorted(x)}) must name the "
+                f"initialiser's input {INJECTION_KEY!r}."
+            )
+        return x[INJECTION_KEY]
+    return x
 
 
 def _check_rank(x: jax.Array, rank: int, kind: str, layout: str) -> None:
@@ -142,6 +166,7 @@ class LearnedInit:
         """The initialiser module."""
         return make_initializer(self.kind, self.features, **dict(self.options))
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """``h_phi(x)``, the first state for the injected input ``x``."""
+    def __call__(self, x: Any) -> jax.Array:
+        """``h_phi(x)``, the first state for the injected input ``x`` (`initializer_input`)."""
+        x = initializer_input(x)
         return self.module.apply(self.params.tree, x).astype(x.dtype)

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from deq_jax.neural_solver.initializer import LearnedInit
+from deq_jax.neural_solver.initializer import LearnedInit, initializer_input
 from deq_jax.nn.intercept import deq_call
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver
@@ -35,7 +35,8 @@ class Targets(NamedTuple):
 
     Attributes:
       args: the cell's arguments ``(cell variables, x, dropout key)``.
-      x: the injected input ``[B, ...]`` the initialiser reads.
+      x: the injected input ``[B, ...]`` the initialiser reads (its ``"injection"``
+        entry for a DEQ whose input is a mapping; `initializer_input`).
       z_star: the fixed points ``[B, *state_shape]``.
       rel_residual: ``||f(z*) - z*|| / ||f(z*)||`` per sample ``[B]`` (host array).
     """
@@ -96,7 +97,7 @@ class FrozenDEQ:
         """
         extras = {k: batch[k] for k in self.extras}
         args, z_star, rel = self._solve(self.variables, batch["inputs"], extras)
-        x = args[1]
+        x = initializer_input(args[1])
         if not isinstance(z_star, jax.Array) or not isinstance(x, jax.Array):
             raise ValueError(
                 "A neural solver needs a DEQ whose state and injected input are single "

@@ -102,11 +102,13 @@ def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, 
     return deq, frozen
 
 
-def _count(tree: Any) -> int:
+def count_params(tree: Any) -> int:
+    """The number of entries of every array in ``tree``."""
     return int(sum(np.size(x) for x in jax.tree_util.tree_leaves(tree)))
 
 
-def _save(directory: str, step: int, fitted: SolverFit) -> None:
+def save_fit(directory: str, step: int, fitted: SolverFit) -> None:
+    """Checkpoints a fitted solver (and initialiser) into ``directory`` at ``step``."""
     tree = {"solver": fitted.solver.variables}
     if fitted.init is not None:
         tree["init"] = fitted.init.params.tree
@@ -175,9 +177,9 @@ def train_hypersolver(
             f"{name}: {spec.train_steps} steps in {fits[name].seconds:.1f} s, loss "
             f"{losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
         )
-        _save(variant_dir(workdir, name), spec.train_steps, fits[name])
+        save_fit(variant_dir(workdir, name), spec.train_steps, fits[name])
     main = fits["hyper_anderson"]
-    deq_params = _count(deq.state.params)
+    deq_params = count_params(deq.state.params)
     solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
     deq_seconds = read_train_seconds(spec.deq_workdir)
     fit_seconds = target_seconds + main.seconds
@@ -226,8 +228,16 @@ def load_hypersolver(
         raise FileNotFoundError(f"No {REPORT_FILE} in {workdir}: run train_hypersolver first.")
     with open(path) as f:
         report = json.load(f)
-    spec = NeuralSolverSpec.from_config(report["spec"])
     deq, frozen = restore_deq(config, emit)
+    return HyperSolverRun(deq, frozen, restore_solvers(report, workdir), report)
+
+
+def restore_solvers(
+    report: dict[str, Any], workdir: str
+) -> dict[str, tuple[neural_solver, LearnedInit | None]]:
+    """The fitted variants a solver run's ``workdir`` holds, from its report
+    (``neural_solver.json``: the spec, the state and input shapes)."""
+    spec = NeuralSolverSpec.from_config(report["spec"])
     state_shape = tuple(report["state_shape"])
     key = jax.random.PRNGKey(0)
     solvers = {}
@@ -245,4 +255,4 @@ def load_hypersolver(
         ckpt.close()
         init = spec.learned_init(state_shape, tree["init"]) if use_init else None
         solvers[name] = (solver.with_params(tree["solver"]), init)
-    return HyperSolverRun(deq, frozen, solvers, report)
+    return solvers

@@ -95,7 +95,8 @@ def _duration(seconds: float) -> str:
 
 
 class ProgressLogger:
-    """Formats a progress line: step, steps/s, ETA, loss, accuracy (or mse) and solver steps.
+    """Formats a progress line: step, steps/s, ETA, loss, accuracy (or mse, or bits per
+    token) and solver steps.
 
     Args:
       total_steps: the step the run ends at (for the ETA).
@@ -127,7 +128,7 @@ class ProgressLogger:
         rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
         eta = (self.total_steps - step) / rate if rate > 0 else float("inf")
         m = to_python(metrics)
-        score = "mse" if "mse" in m and "accuracy" not in m else "accuracy"
+        score = next((k for k in ("accuracy", "mse", "bpt") if k in m), "accuracy")
         value = m.get(score, float("nan"))
         text = (
             f"step {step}/{self.total_steps}  {rate:.2f} steps/s  ETA {_duration(eta)}  "

@@ -1,0 +1,51 @@
+"""A neural solver (HyperAnderson + the LM initialiser) for a trained Shakespeare DEQ-LM.
+
+Train the language model, then its solver with the LM frozen, then sweep the solvers::
+
+    python -m launch.main --config configs/lm_shakespeare.py --workdir /tmp/lm
+    python -m launch.main --config configs/lm_shakespeare_hypersolver.py \\
+        --workdir /tmp/lm_solver --config.neural_solver.deq_workdir=/tmp/lm
+    python -m launch.solver_pareto --config configs/lm_shakespeare_hypersolver.py \\
+        --workdir /tmp/lm_solver --config.neural_solver.deq_workdir=/tmp/lm
+
+The task, model and DEQ sections are those of ``configs/lm_shakespeare.py`` (the
+checkpoint must fit them; pass the same variants, e.g. ``:jacobian``); ``neural_solver``
+sets the solver (see ``configs/default.py``): the paper's LM initialiser (a causal
+convolution of width 3 over the injection, ReLU, a linear map to the state) and
+HyperAnderson with each residual compressed per sequence by its last token
+(``pool="last"``; ``"mean"`` averages over the positions). ``:smoke`` pairs with
+``configs/lm_shakespeare.py:smoke``.
+
+Results: BUILD_NOTES.md, "DEQ-Transformer language model", the neural-solver table.
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 5.1).
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default, lm_shakespeare
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The LM solver config; ``arg``: the variants of `configs.lm_shakespeare`."""
+    config = lm_shakespeare.get_config(arg)
+    smoke = "smoke" in lm_shakespeare.variants(arg)
+    return default.hypersolver(
+        config,
+        "smoke" if smoke else "",
+        hidden=16,
+        init_hidden=32,
+        init_kernel_size=3,
+        pool="last",
+        unroll_steps=10,
+        tol=1e-3,
+        max_iter=30,
+        train_steps=400,
+        batch_size=16,
+        target_batches=8,
+        target_max_iter=60,
+        max_target_residual=2e-2,
+        learning_rate=2e-3,
+    )
+    return config

@@ -1,0 +1,91 @@
+"""Word-level DEQ-Transformer on WikiText-103: locuslab/deq's setting, for users with the data.
+
+The data are the WikiText-103 token files (``wiki.train.tokens``, ``wiki.valid.tokens``,
+``wiki.test.tokens``; Merity et al. 2016), which this project cannot download: put them
+in a directory and point ``task.path`` at it (``wikitext`` task of `deq_jax.tasks`). Then::
+
+    python -m launch.main --config configs/lm_wikitext103.py --workdir /tmp/wt103 \\
+        --config.task.path=/data/wikitext-103
+
+The model and training settings are those of locuslab/deq's
+``DEQ-Sequence/wt103_deq_transformer.sh`` (adaptive input and softmax with
+``div_val=4`` and the Transformer-XL cutoffs, d_model 700, 10 heads of 70, d_inner
+48000, segments of 150 with a memory of 150, Anderson forward with 30 steps, 35 backward,
+Adam at 2.5e-4 with 16k warm-up steps, 32k weight-tied warm-up steps, 300k steps,
+batch 56). ``:jacobian`` adds the regularised pre-LN recipe of
+``wt103_deq_transformer_preln_reg.sh`` (pre-LN, Jacobian weight 2, 14 forward and
+backward steps, memory 300, the term on 40% of the steps). ``:smoke`` shrinks everything to seconds (for tests, with a small file in
+the WikiText format).
+
+References:
+  Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
+  Bai, Koltun & Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021.
+  Merity, Xiong, Bradbury & Socher, "Pointer Sentinel Mixture Models", 2016 (WikiText).
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default, lm_shakespeare
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The WikiText-103 config; ``arg``: ``"smoke"``, ``"jacobian"`` or both (comma)."""
+    names = tuple(v.strip() for v in (arg or "").split(",") if v.strip())
+    for name in names:
+        default.variant(name, ("smoke", "jacobian"))
+    config = lm_shakespeare.lm_config()
+    config.task = ConfigDict(dict(name="wikitext", path="", data_dir=""))
+    config.model = lm_shakespeare.get_config().model
+    config.model.update(
+        dict(
+            d_model=700,
+            n_head=10,
+            d_head=70,
+            d_inner=48_000,
+            mem_len=150,
+            dropout=0.05,
+            dropatt=0.0,
+            dropouti=0.0,
+            cutoffs=(20_000, 40_000, 200_000),
+            div_val=4,
+            n_layer=2,
+        )
+    )
+    config.deq.update(dict(train_max_iter=30, eval_max_iter=30))
+    config.deq.solver.update(dict(name="anderson", tol=1e-3, stop_mode="rel"))
+    config.deq.backward.ift.update(dict(solver="broyden", max_iter=35))
+    config.train.update(
+        dict(
+            steps=300_000,
+            batch_size=56,
+            seq_len=150,
+            pretrain_steps=32_000,
+            optimizer="adam",
+            learning_rate=2.5e-4,
+            warmup_steps=16_000,
+            schedule="cosine",
+            grad_clip_norm=0.25,
+        )
+    )
+    config.eval.update(dict(every_steps=5_000, batch_size=8, max_batches=0, seq_len=150))
+    config.ckpt.every_steps = 5_000
+    config.log.every_steps = 200
+    if "jacobian" in names:
+        config.model.update(dict(ln_placement="pre", dropout=0.06, dropatt=0.01, mem_len=300))
+        config.deq.update(dict(train_max_iter=14, eval_max_iter=14))
+        config.deq.backward.ift.max_iter = 14
+        config.regularizer.update(dict(jacobian_weight=2.0, jacobian_freq=0.4))
+    if "smoke" in names:
+        config.model.update(
+            dict(d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8, cutoffs=(4, 8), div_val=2)
+        )
+        config.deq.update(dict(train_max_iter=4, eval_max_iter=4))
+        config.deq.backward.ift.max_iter = 4
+        config.train.update(
+            dict(steps=4, batch_size=4, seq_len=8, pretrain_steps=2, warmup_steps=1)
+        )
+        config.eval.update(dict(every_steps=2, batch_size=4, max_batches=2, seq_len=8))
+        config.ckpt.every_steps = 2
+        config.log.every_steps = 2
+    return config

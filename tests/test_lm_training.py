@@ -1,0 +1,248 @@
+"""The language-model launches end to end on a small text file: training with the
+segment memory, an exact resume, 1 against 8 devices, sampling, the neural solver, and
+the errors a user meets first."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
+from deq_jax.training import writers
+from deq_jax.training.lm_generate import generate
+from deq_jax.training.lm_hypersolver import train_lm_hypersolver
+from deq_jax.training.lm_train import (
+    REPORT_FILE,
+    VocabularyMismatchError,
+    restore_language_model,
+    train_language_model,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINES = (
+    "ROMEO: But soft, what light through yonder window breaks?",
+    "JULIET: O Romeo, Romeo, wherefore art thou Romeo?",
+    "FRIAR: These violent delights have violent ends.",
+    "NURSE: Go, girl, seek happy nights to happy days.",
+)
+
+
+def write_corpus(path, repeats=40):
+    rng = np.random.default_rng(0)
+    text = "\n".join(LINES[i] for i in rng.integers(0, len(LINES), repeats * len(LINES)))
+    path.write_text(text + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("text") / "plays.txt")
+
+
+def smoke_config(corpus, arg="smoke", **train):
+    config = lm_shakespeare.get_config(arg)
+    config.task.path = corpus
+    config.log.tensorboard = False
+    config.train.update(train)
+    return config
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("lm"))
+    lines = []
+    result = train_language_model(smoke_config(corpus), workdir, emit=lines.append)
+    return workdir, result, lines
+
+
+def test_smoke_run_writes_report_checkpoints_and_metrics(trained):
+    workdir, result, lines = trained
+    assert result.step == 4
+    with open(os.path.join(workdir, REPORT_FILE)) as f:
+        report = json.load(f)
+    for split in ("valid", "test"):
+        metrics = report["eval"][split]
+        assert np.isfinite(metrics["bpc"]) and 0 < metrics["bpc"] < 8
+        assert metrics["tokens"] > 0 and metrics["nstep_mean"] >= 1
+    assert report["train_tokens_per_second"] > 0
+    train = [r for r in writers.read_metrics(workdir) if r["split"] == "train"]
+    assert train and all(np.isfinite(r["loss"]) for r in train)
+    assert any("warm-up over" in line for line in lines)  # 2 weight-tied, then 2 DEQ steps
+    assert os.path.exists(os.path.join(workdir, "vocab.json"))
+
+
+def test_eval_scores_every_token_of_the_split(corpus, tmp_path):
+    config = smoke_config(corpus, steps=2)
+    config.eval.max_batches = 0
+    result = train_language_model(config, str(tmp_path), emit=lambda _: None)
+    from deq_jax import tasks
+
+    task = tasks.get("char_text", path=corpus, data_dir=str(tmp_path / "data"))
+    for split in ("valid", "test"):
+        assert result.eval_metrics[split]["tokens"] == task.num_tokens(split) - 1
+
+
+def test_resume_is_exact(corpus, trained, tmp_path):
+    workdir, result, _ = trained
+    config = smoke_config(corpus, stop_at_step=2)
+    train_language_model(config, str(tmp_path), emit=lambda _: None)
+    resumed = train_language_model(smoke_config(corpus), str(tmp_path), emit=lambda _: None)
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+        jax.device_get(resumed.state.params),
+        jax.device_get(result.state.params),
+    )
+
+
+def test_other_vocabulary_is_refused(trained, tmp_path):
+    workdir, _, _ = trained
+    other = tmp_path / "other.txt"
+    other.write_text("completely different text 0123456789 " * 200, encoding="utf-8")
+    with pytest.raises(VocabularyMismatchError, match="another vocabulary"):
+        train_language_model(smoke_config(str(other)), workdir, emit=lambda _: None)
+
+
+def test_generate_with_memory_and_warm_start(corpus, trained):
+    workdir, _, _ = trained
+    config = smoke_config(corpus)
+    model, variables, vocab, step = restore_language_model(config, workdir)
+    assert step == 4
+    prompt = vocab.encode("ROMEO:")
+    out = generate(
+        model, variables, prompt, 12, key=jax.random.PRNGKey(0), seq_len=config.train.seq_len
+    )
+    assert out.tokens.shape == (12,) and out.nstep.shape == (12,)
+    assert ((out.tokens >= 0) & (out.tokens < vocab.size)).all()
+    greedy = [
+        generate(model, variables, prompt, 6, key=jax.random.PRNGKey(s), seq_len=8, temperature=0)
+        for s in (0, 1)
+    ]
+    np.testing.assert_array_equal(greedy[0].tokens, greedy[1].tokens)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate(model, variables, np.array([vocab.size]), 2, key=jax.random.PRNGKey(0), seq_len=8)
+
+
+def _launch(module, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_sample_launch_and_bad_prompt(corpus, trained):
+    workdir, _, _ = trained
+    common = [
+        "--config=configs/lm_shakespeare.py:smoke",
+        f"--workdir={workdir}",
+        f"--config.task.path={corpus}",
+    ]
+    proc = _launch("launch.sample", *common, "--prompt=ROMEO:", "--length=20")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ROMEO:" in proc.stdout and "solver steps per token" in proc.stdout
+    bad = _launch("launch.sample", *common, "--prompt=ROMEO: \u00a7", "--length=5")
+    assert bad.returncode != 0 and "\u00a7" in bad.stderr
+
+
+def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
+    workdir, _, _ = trained
+    config = lm_shakespeare_hypersolver.get_config("smoke")
+    config.task.path = corpus
+    config.neural_solver.deq_workdir = workdir
+    config.neural_solver.max_target_residual = 10.0  # a 4-step model barely converges
+    run = train_lm_hypersolver(config, str(tmp_path), emit=lambda _: None)
+    report = run.report
+    assert report["state_shape"] == [config.train.seq_len, config.model.d_model]
+    assert report["input_shape"][-1] == 3 * config.model.d_model  # reads the injection
+    assert 0 < report["param_fraction"] < 1
+    for name in ("anderson", "neural", "neural_2K"):
+        assert np.isfinite(report["eval"][name]["bpc"])
+        assert report["eval"][name]["seconds_per_batch"] > 0
+    assert set(run.solvers) == {"hyper_anderson", "no_init", "ls_alpha"}
+
+
+_MULTI = """
+import json, sys
+import jax
+from configs import lm_shakespeare
+from deq_jax.training import writers
+from deq_jax.training.lm_train import train_language_model
+
+workdir, corpus = sys.argv[1], sys.argv[2]
+config = lm_shakespeare.get_config("smoke")
+config.task.path = corpus
+config.log.tensorboard = False
+config.log.every_steps = 1
+config.train.batch_size = 8
+config.eval.batch_size = 8
+result = train_language_model(config, workdir, emit=lambda line: None)
+losses = [r["loss"] for r in writers.read_metrics(workdir) if r["split"] == "train"]
+valid = result.eval_metrics["valid"]
+print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses,
+                             "bpc": valid["bpc"], "nstep": valid["nstep_mean"]}))
+"""
+
+
+def _run_devices(devices, workdir, corpus):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", _MULTI, str(workdir), corpus],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_same_numbers_on_one_and_eight_devices(corpus, tmp_path):
+    one = _run_devices(1, tmp_path / "one", corpus)
+    eight = _run_devices(8, tmp_path / "eight", corpus)
+    assert (one["devices"], eight["devices"]) == (1, 8)
+    assert len(one["losses"]) == 4
+    np.testing.assert_allclose(eight["losses"], one["losses"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        [eight["bpc"], eight["nstep"]], [one["bpc"], one["nstep"]], atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("arg", ["smoke,weight_tied", "smoke,untied", "smoke,unrolled,jacobian"])
+def test_variants_train(corpus, tmp_path, arg):
+    config = smoke_config(corpus, arg, steps=2)
+    config.eval.max_batches = 1
+    result = train_language_model(config, str(tmp_path), emit=lambda _: None)
+    assert np.isfinite(result.eval_metrics["valid"]["bpc"])
+
+
+def test_wikitext_smoke(tmp_path):
+    words = "the cat sat on a mat and the dog ran to the park with a red ball".split()
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 400), ("valid", 60), ("test", 60)):
+        lines = [" ".join(rng.choice(words, 12)) for _ in range(n // 12 + 1)]
+        (tmp_path / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
+    config = lm_wikitext103.get_config("smoke")
+    config.task.path = str(tmp_path)
+    config.log.tensorboard = False
+    result = train_language_model(config, str(tmp_path / "run"), emit=lambda _: None)
+    assert np.isfinite(result.eval_metrics["valid"]["ppl"])
+
+
+def test_configs_document_their_commands():
+    for module, name in ((lm_shakespeare, "lm_shakespeare"), (lm_wikitext103, "lm_wikitext103")):
+        assert f"python -m launch.main --config configs/{name}.py" in module.__doc__
+    with pytest.raises(ValueError, match="more than one mode"):
+        lm_shakespeare.get_config("untied,weight_tied")
+    assert lm_shakespeare.get_config("pre_ln").model.ln_placement == "pre"
