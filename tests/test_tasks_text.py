@@ -240,6 +240,7 @@ def test_char_task_interface_and_streams(char_task):
     assert "".join(task.vocab.decode(task.tokens(s)) for s in task.splits) == CORPUS
     assert task.tokens("train").dtype == np.int32
     assert task.tokens("valid") is task.tokens("valid")  # cached
+    assert not task.tokens("valid").flags.writeable
     assert task.steps_per_epoch(4, 16) == ((a - 1) // 4) // 16
     batch = next(task.train_iterator(4, 16, start_step=3))
     expected = _take(text_batches.train_batches(task.tokens("train"), 4, 16), 4)[3]

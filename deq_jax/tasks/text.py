@@ -198,13 +198,16 @@ class TextTask:
         return self.vocab.size
 
     def tokens(self, split: str) -> np.ndarray:
-        """The whole split as one stream of token ids, ``int32 [N]``; read once, cached."""
+        """The whole split as one stream of token ids, ``int32 [N]``, read-only; read once,
+        cached."""
         text_corpus.check_split(split)
         if split not in self._tokens:
             self.prepare()
             with _tfds.quiet():
                 source = self._builder.as_data_source(split=split)
-            self._tokens[split] = read_stream(source)
+            stream = read_stream(source)
+            stream.flags.writeable = False  # shared by every caller
+            self._tokens[split] = stream
         return self._tokens[split]
 
     def num_tokens(self, split: str) -> int:

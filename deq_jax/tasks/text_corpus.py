@@ -73,7 +73,10 @@ def char_corpus_file(path: str) -> str:
     """
     path = os.path.expanduser(path)
     out = os.path.dirname(path) or "." if path.endswith(".txt") else path
-    hint = f"Prepare the default corpus (Shakespeare) with: {PREPARE_SHAKESPEARE.format(out=out)}"
+    hint = (
+        f"Prepare the default corpus (Shakespeare) with: {PREPARE_SHAKESPEARE.format(out=out)} "
+        "and pass that directory as the path."
+    )
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"Character-level corpus {path!r} does not exist. {hint}")

@@ -13,7 +13,10 @@ Two levels, built from the *training* split only:
   outside the vocabulary map to it.
 
 ``encode(text) -> int32 [N]`` and ``decode(ids) -> str``; without ``<unk>`` an unknown
-character or word is a ValueError naming it and its position. ``to_json`` /
+character or word is a ValueError naming it and its position. ``decode(encode(text))``
+gives ``text`` back, except that unknown characters or words come back as ``<unk>``
+(and, at the word level, whitespace is normalised: one space between words, a line
+break after every ``<eos>``). ``to_json`` /
 `Vocabulary.from_json` store it, and ``fingerprint`` (a short sha256 of the token list)
 lets a checkpoint check that it was trained on the same vocabulary.
 
