@@ -34,6 +34,9 @@ and the row of the global batch, so it survives a resume and any process count.
 Prefix-sum batches are ``{"inputs": float32 [b, L, 1], "targets": int32 [b, L],
 "mask": bool [b], "index": int32 [b]}``; ``L`` differs between splits.
 
+Language modelling (``"char_text"``, ``"wikitext"``) streams tokens instead of
+examples; its interface is in `deq_jax.tasks.text`.
+
 References:
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
   Computation", NeurIPS 2022.
@@ -50,6 +53,8 @@ from deq_jax.tasks.matrix_inversion import matrix_inversion
 from deq_jax.tasks.mazes import mazes
 from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
 from deq_jax.tasks.synthetic_1d import synthetic_1d
+from deq_jax.tasks.text import DEFAULT_SHAKESPEARE_DIR, TextTask, char_text, wikitext
+from deq_jax.tasks.text_vocab import Vocabulary
 
 _REGISTRY = Registry("task")
 # The registry's bound methods are this package's public registry functions.
@@ -62,11 +67,16 @@ register(mazes.__name__, mazes)
 register(edge_copy.__name__, edge_copy)
 register(matrix_inversion.__name__, matrix_inversion)
 register(blurry_digits.__name__, blurry_digits)
+register(char_text.__name__, char_text)
+register(wikitext.__name__, wikitext)
 
 
 __all__ = [
+    "DEFAULT_SHAKESPEARE_DIR",
     "PrefixSumConfig",
     "PrefixSumTask",
+    "TextTask",
+    "Vocabulary",
     "data",
     "get",
     "names",
