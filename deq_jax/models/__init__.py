@@ -16,8 +16,10 @@ Registered (``models.get(name, deq=spec, **fields)``): ``prefix_sum_deq``
 `deq_jax.models.mazes`), ``edge_copy_deq`` and ``matrix_inversion_deq``
 (`deq_jax.models.reasoning`), ``synthetic_1d_deq`` (`Synthetic1DDEQ`, the
 200-parameter DEQ of Bai et al. 2021, `deq_jax.models.synthetic`), ``digits_deq``
-(`DigitsDEQ`, `deq_jax.models.vision`, also used for blurry digits) and ``clrs_deq``
-(`deq_jax.models.clrs`, CLRS algorithms run as a DEQ).
+(`DigitsDEQ`, `deq_jax.models.vision`, also used for blurry digits), ``clrs_deq``
+(`deq_jax.models.clrs`, CLRS algorithms run as a DEQ) and ``deq_transformer_lm``
+(`DEQTransformerLM`, `deq_jax.models.language`: the DEQ-Transformer language model,
+which returns an `LMOutput` and takes ``mems`` and ``targets``).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -30,6 +32,7 @@ References:
 
 from deq_jax._registry import Registry
 from deq_jax.models.clrs.model import ClrsModel
+from deq_jax.models.language import DEQTransformerLM, LMOutput
 from deq_jax.models.mazes import MazeDEQ
 from deq_jax.models.reasoning import EdgeCopyDEQ, MatrixInversionDEQ
 from deq_jax.models.recall import PrefixSumDEQ, RecallDEQ
@@ -46,11 +49,14 @@ register("maze_deq", MazeDEQ)
 register("edge_copy_deq", EdgeCopyDEQ)
 register("matrix_inversion_deq", MatrixInversionDEQ)
 register("clrs_deq", ClrsModel)
+register("deq_transformer_lm", DEQTransformerLM)
 
 __all__ = [
     "ClrsModel",
+    "DEQTransformerLM",
     "DigitsDEQ",
     "EdgeCopyDEQ",
+    "LMOutput",
     "MatrixInversionDEQ",
     "MazeDEQ",
     "PrefixSumDEQ",
