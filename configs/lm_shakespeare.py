@@ -67,10 +67,10 @@ def variants(arg: str | None) -> tuple[str, ...]:
 
 def lm_config() -> ConfigDict:
     """The sections every language-model config shares (`default.get_config` plus the
-    segment lengths, the warm-up and the correction loss)."""
+    segment lengths and the weight-tied warm-up)."""
     config = default.get_config()
     del config.path_independence  # no randomised budgets or alignment for the LM
-    config.train.update(dict(seq_len=64, pretrain_steps=0, correction_weight=1.0))
+    config.train.update(dict(seq_len=64, pretrain_steps=0))
     config.eval.update(dict(seq_len=0, budget_multipliers=(1,)))
     return config
 

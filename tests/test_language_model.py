@@ -333,11 +333,6 @@ def test_fixed_point_satisfies_the_cell(ln_placement):
     chex.assert_shape(problem.args[1]["injection"], (B, L, 24))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="deq_call unpacks the model's result as (outputs, stats); the LM returns an LMOutput",
-)
 def test_deq_call_finds_the_deq():
     model = tiny(mode="deq")
     variables = init(model)

@@ -50,6 +50,16 @@ class DEQCall(NamedTuple):
     problem: EquilibriumProblem
 
 
+def model_result(result: Any) -> tuple[Any, SolverStats]:
+    """``(outputs, stats)`` of a model call: task models return that pair; a model that
+    returns one result object with a ``stats`` field (the language model's
+    `deq_jax.models.language.LMOutput`) has that object as its outputs."""
+    if hasattr(result, "_fields") and "stats" in result._fields:
+        return result, result.stats
+    outputs, stats = result
+    return outputs, stats
+
+
 def _apply_with_first_deq(
     model: nn.Module,
     variables: Any,
@@ -122,7 +132,9 @@ def deq_call(
         seen.append((problem, out))
         return out
 
-    outputs, _ = _apply_with_first_deq(model, variables, inputs, on_deq, rngs=rngs, **model_kwargs)
+    outputs, _ = model_result(
+        _apply_with_first_deq(model, variables, inputs, on_deq, rngs=rngs, **model_kwargs)
+    )
     problem, (z_star, stats) = seen[0]
     return DEQCall(outputs, z_star, stats, problem)
 
@@ -145,7 +157,9 @@ def outputs_at(
         z = deq.initial_state(x, z_star)
         return z, _placeholder_stats(z)
 
-    outputs, _ = _apply_with_first_deq(model, variables, inputs, on_deq, **model_kwargs)
+    outputs, _ = model_result(
+        _apply_with_first_deq(model, variables, inputs, on_deq, **model_kwargs)
+    )
     return outputs
 
 
@@ -229,7 +243,8 @@ def settled_apply(
         return sol.value, sol.stats
 
     call_kwargs = dict(model_kwargs) if max_iter is None else dict(model_kwargs, max_iter=max_iter)
-    outputs, stats = _apply_with_first_deq(
-        model, variables, inputs, on_deq, strict=strict, rngs=rngs, **call_kwargs
+    return model_result(
+        _apply_with_first_deq(
+            model, variables, inputs, on_deq, strict=strict, rngs=rngs, **call_kwargs
+        )
     )
-    return outputs, stats

@@ -8,12 +8,13 @@ carry the memory from one segment to the next (Transformer-XL): each takes the m
 the previous segment and returns the new one, sharded along the batch axis like the
 tokens.
 
-The train step minimises the mean ``nll`` over the real tokens, plus, where the model
-returns one (``mode="unrolled"``, the deq-lm recipe of TorchDEQ), its fixed-point
-correction loss (the nll at intermediate states, ``correction_weight`` times its sum),
-plus the penalty terms of the Jacobian regulariser (`JacobianRegularizer`), which the
-DEQ evaluates at ``z*`` and sows per row. The weight-tied warm-up (locuslab's
-``pretrain_steps``) is the same step built with ``mode="weight_tied"``.
+The train step minimises the mean ``nll`` over the real tokens (where the model returns
+a fixed-point correction loss, ``mode="unrolled"``, the deq-lm recipe of TorchDEQ, that
+loss instead: the nll at several states of the unrolled trajectory, weighted by the
+model and ending with the last state's), plus the penalty terms of the Jacobian
+regulariser (`JacobianRegularizer`), which the DEQ evaluates at ``z*`` and sows per row.
+The weight-tied warm-up (locuslab's ``pretrain_steps``) is the same step built with
+``mode="weight_tied"``.
 
 References:
   Dai et al., "Transformer-XL: Attentive Language Models Beyond a Fixed-Length
@@ -78,8 +79,9 @@ def correction_loss(correction_nll: jax.Array, mask: jax.Array) -> jax.Array:
     """The sum over the trajectory's states of the mean nll of the real tokens.
 
     Args:
-      correction_nll: ``[S, B, L]`` the nll at ``S`` intermediate states, already
-        weighted by the model (``correction_gamma`` to the distance from the end).
+      correction_nll: ``[S, B, L]`` the nll at ``S`` states of the trajectory, the last
+        one the final state's, already weighted by the model (``correction_gamma`` to
+        the distance from the end).
       mask: ``[B, L]`` real tokens.
     """
     return jnp.sum(jax.vmap(lambda nll: masked_mean(nll, mask))(correction_nll))
@@ -93,7 +95,6 @@ def make_lm_train_step(
     *,
     mode: str | None = None,
     regularizer: JacobianRegularizer | None = None,
-    correction_weight: float = 1.0,
 ) -> Callable[..., tuple[TrainState, Any, dict[str, jax.Array]]]:
     """Builds ``train_step(state, mems, batch) -> (state, mems, metrics)``, jitted.
 
@@ -107,9 +108,10 @@ def make_lm_train_step(
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
         the regularised or the plain gradient (locuslab's ``jac_loss_freq``). Not
-        applied in the stacked modes (no fixed point).
-      correction_weight: the weight of the fixed-point correction loss of
-        ``mode="unrolled"`` models.
+        applied in the stacked modes (no fixed point); refused with ``"unrolled"``.
+
+    Raises:
+      ValueError: for the Jacobian term on a ``mode="unrolled"`` model.
 
     Returns:
       The jitted step (the state is donated). ``metrics`` holds ``loss``, ``nll`` (mean
@@ -122,11 +124,17 @@ def make_lm_train_step(
     """
     reg = regularizer or JacobianRegularizer()
     jacobian = reg.jacobian_term()
-    fixed_point_modes = mode in (None, "deq", "unrolled")
-    if not fixed_point_modes:
+    solves = (mode or getattr(model, "mode", "deq")) == "deq"  # a DEQ solve in training
+    if jacobian is not None and (mode or getattr(model, "mode", "deq")) == "unrolled":
+        raise ValueError(
+            "The Jacobian term is evaluated at the fixed point a training solve finds; "
+            "mode='unrolled' trains without a solve (its correction loss plays that part). "
+            "Set regularizer.jacobian_weight=0 or model.mode='deq'."
+        )
+    if not solves:
         jacobian = None  # a stacked warm-up has no fixed point to regularise
     regularised = with_terms(model, (jacobian,)) if jacobian is not None else model
-    terms = net_terms(regularised) if fixed_point_modes else ()
+    terms = net_terms(regularised) if solves else ()
     call_mode = {} if mode is None else {"mode": mode}
 
     def train_step(state: TrainState, mems: Any, batch: dict[str, jax.Array]):
@@ -152,11 +160,10 @@ def make_lm_train_step(
             intermediates = new_model_state.pop(INTERMEDIATES, {})
             nll = masked_mean(out.nll, mask)
             loss, extra = nll, {}
-            if out.correction_nll is not None:
-                extra["correction_loss"] = correction_loss(out.correction_nll, mask)
-                loss = loss + correction_weight * extra["correction_loss"]
+            if out.correction_nll is not None:  # replaces the nll: its last state is it
+                loss = extra["correction_loss"] = correction_loss(out.correction_nll, mask)
             values = term_values(intermediates, terms, rows, nll.dtype)
-            for term in net_terms(net) if fixed_point_modes else ():
+            for term in net_terms(net) if solves else ():
                 if term.penalises:
                     loss = loss + term.weight_at(state.step) * values[term.name]
             extra.update(values)

@@ -324,7 +324,7 @@ def train_language_model(
     Args:
       config: an `ml_collections.ConfigDict` like ``configs/lm_shakespeare.py``: the
         sections of ``configs/default.py`` with ``train.seq_len``,
-        ``train.pretrain_steps``, ``train.correction_weight`` and ``eval.seq_len``.
+        ``train.pretrain_steps`` and ``eval.seq_len``.
       workdir: where checkpoints, metrics and the report go; resumed if it has
         checkpoints.
       emit: receives every human-readable line.
@@ -364,7 +364,6 @@ def train_language_model(
             template,
             mode=mode,
             regularizer=regularizer,
-            correction_weight=tc.correction_weight,
         )
 
     steps = {}
