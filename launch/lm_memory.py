@@ -40,8 +40,9 @@ def measure(config, workdir: str, budgets: Sequence[int], backwards: Sequence[st
     import jax
     import numpy as np
 
-    from deq_jax.training.lm_steps import make_lm_train_step
-    from deq_jax.training.lm_train import lm_device_batch, place_memory, setup_language_model
+    from deq_jax.training.lm_evaluate import lm_device_batch
+    from deq_jax.training.lm_setup import setup_language_model
+    from deq_jax.training.lm_steps import make_lm_train_step, place_memory
 
     rows = []
     for backward in backwards:

@@ -36,7 +36,7 @@ def main(argv: Sequence[str]) -> None:
     launch_main.reject_arguments(argv)
     launch_main.quiet_library_logs()
     from deq_jax.training.lm_generate import generate
-    from deq_jax.training.lm_train import restore_language_model
+    from deq_jax.training.lm_setup import restore_language_model
 
     config = launch_main._CONFIG.value
     model, variables, vocab, step = restore_language_model(config, launch_main._WORKDIR.value)

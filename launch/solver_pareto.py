@@ -168,7 +168,7 @@ def _lm_segments(hyper: Any, split: str, batch_size: int, count: int, seq_len: i
     """The first ``count`` segments of ``split`` in stream order, on the mesh."""
     import itertools
 
-    from deq_jax.training.lm_train import lm_device_batch
+    from deq_jax.training.lm_evaluate import lm_device_batch
 
     run = hyper.deq
     batches = run.task.eval_iterator(split, batch_size, seq_len)

@@ -15,12 +15,8 @@ from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
 from deq_jax.training import writers
 from deq_jax.training.lm_generate import generate
 from deq_jax.training.lm_hypersolver import train_lm_hypersolver
-from deq_jax.training.lm_train import (
-    REPORT_FILE,
-    VocabularyMismatchError,
-    restore_language_model,
-    train_language_model,
-)
+from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
+from deq_jax.training.lm_train import REPORT_FILE, train_language_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = (

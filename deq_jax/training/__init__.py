@@ -13,6 +13,12 @@ Fitting a neural solver (`deq_jax.neural_solver`) to a trained DEQ lives here to
 and `NeuralSolverSpec` the pool and the config section, `train_neural_solver` the optax
 loop, and `AlternatingSolver` alternates DEQ and solver training.
 
+Language models (`deq_jax.models.language`) train through `train_language_model`
+(``lm_train``), which carries the segment memory from batch to batch: its steps
+(``lm_steps``), set-up and vocabulary check (``lm_setup``), streamed evaluation
+(``lm_evaluate``), sampling (``lm_generate``) and neural-solver fit (``lm_hypersolver``)
+sit beside it.
+
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -29,6 +35,7 @@ from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_rep
 from deq_jax.training.frozen_deq import FrozenDEQ, Targets
 from deq_jax.training.hypersolver import HyperSolverRun, load_hypersolver, train_hypersolver
 from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.lm_train import LMRunResult, train_language_model
 from deq_jax.training.metrics import classification_loss, regression_loss
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
@@ -49,6 +56,7 @@ __all__ = [
     "FrozenDEQ",
     "HyperSolverRun",
     "JacobianRegularizer",
+    "LMRunResult",
     "PathIndependence",
     "MetricWriter",
     "NeuralSolverSpec",
@@ -80,5 +88,6 @@ __all__ = [
     "sharding",
     "train_and_evaluate",
     "train_hypersolver",
+    "train_language_model",
     "train_neural_solver",
 ]

@@ -45,8 +45,9 @@ from deq_jax.training.hypersolver import (
     save_fit,
     variant_dir,
 )
+from deq_jax.training.lm_evaluate import StreamEvaluator
+from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_train import REPORT_FILE as LM_REPORT_FILE
-from deq_jax.training.lm_train import StreamEvaluator, setup_language_model
 from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
 
 # The batch key under which the segment memory reaches the model (a model keyword).

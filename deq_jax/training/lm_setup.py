@@ -1,0 +1,188 @@
+"""Setting up a language-model run: the model sized to the data's vocabulary, its train
+state and segment memory, restored from the workdir's checkpoint.
+
+The workdir's ``vocab.json`` records the vocabulary a run was trained on: a run on other
+data is refused (`VocabularyMismatchError`), and `restore_language_model` rebuilds a
+trained model from it without the corpus (for sampling).
+
+References:
+  Dai et al., "Transformer-XL: Attentive Language Models Beyond a Fixed-Length
+  Context", ACL 2019.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh
+
+from deq_jax.tasks.text import Vocabulary
+from deq_jax.training import build, sharding
+from deq_jax.training.checkpoint import Checkpointer
+from deq_jax.training.lm_steps import place_memory
+from deq_jax.training.optim import make_optimizer
+from deq_jax.training.state import TrainState
+
+VOCAB_FILE = "vocab.json"
+
+
+class VocabularyMismatchError(ValueError):
+    """The workdir's checkpoints were trained on another vocabulary than the data's."""
+
+
+class LMRun(NamedTuple):
+    """A language-model run before its first step (`setup_language_model`).
+
+    Attributes:
+      mesh: the data-parallel mesh.
+      task: the text task.
+      model: the linen language model.
+      schedule: the learning-rate schedule.
+      state: the train state (restored if the workdir had a checkpoint), replicated.
+      mems: the training memory of the global batch (restored with the state).
+      start_step: the restored step (0 for a fresh run).
+      checkpointer: the workdir's `Checkpointer`.
+    """
+
+    mesh: Mesh
+    task: Any
+    model: Any
+    schedule: optax.Schedule
+    state: TrainState
+    mems: Any
+    start_step: int
+    checkpointer: Checkpointer
+
+
+def check_vocabulary(workdir: str, vocab: Vocabulary, *, write: bool = True) -> None:
+    """Checks ``vocab`` against the workdir's ``vocab.json`` (written on a fresh run).
+
+    Raises:
+      VocabularyMismatchError: if the workdir was trained on another vocabulary.
+    """
+    path = os.path.join(workdir, VOCAB_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            saved = Vocabulary.from_json(f.read())
+        if saved.fingerprint != vocab.fingerprint:
+            raise VocabularyMismatchError(
+                f"The checkpoints in {workdir} were trained on another vocabulary "
+                f"({saved.size} tokens, fingerprint {saved.fingerprint}) than this data's "
+                f"({vocab.size} tokens, fingerprint {vocab.fingerprint}). Use the data the "
+                "run was trained on, or a fresh --workdir."
+            )
+    elif write:
+        with open(path, "w") as f:
+            f.write(vocab.to_json())
+
+
+def model_fields(config: Any, vocab_size: int) -> Any:
+    """``config.model`` with ``vocab_size`` from the data (``0`` in the config).
+
+    Raises:
+      ValueError: for a non-zero ``model.vocab_size`` that differs from the data's.
+    """
+    fields = config.model.to_dict() if hasattr(config.model, "to_dict") else dict(config.model)
+    given = fields.get("vocab_size", 0)
+    if given and given != vocab_size:
+        raise ValueError(
+            f"config.model.vocab_size={given} but the data's vocabulary has {vocab_size} "
+            "tokens; set it to 0 (taken from the data)."
+        )
+    fields["vocab_size"] = vocab_size
+    return fields
+
+
+def init_state(model: Any, tx: optax.GradientTransformation, seq_len: int, seed: int):
+    """The train state of a fresh language model (initialised on one segment)."""
+    k_params, k_z0, k_dropout, k_run = jax.random.split(jax.random.PRNGKey(seed), 4)
+    tokens = jnp.zeros((1, seq_len), jnp.int32)
+
+    def init(rngs):
+        return model.init(rngs, tokens, mems=model.init_mems(1), train=False)
+
+    variables = dict(jax.jit(init)({"params": k_params, "z0": k_z0, "dropout": k_dropout}))
+    params = variables.pop("params")
+    state = TrainState.create(
+        apply_fn=model.apply, params=params, tx=tx, model_state=variables, rng=k_run
+    )
+    return state.replace(step=jnp.zeros((), jnp.int32))
+
+
+def setup_language_model(config: Any, workdir: str) -> LMRun:
+    """Builds the run ``config`` describes and restores the workdir's latest checkpoint.
+
+    Raises:
+      ValueError: for an invalid config or a batch size that does not split evenly
+        over the devices.
+      VocabularyMismatchError: if the workdir was trained on another vocabulary.
+      CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
+    """
+    build.check_layout(config)
+    tc = config.train
+    sharding.initialize_distributed(
+        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
+    )
+    os.makedirs(workdir, exist_ok=True)
+    mesh = sharding.make_mesh()
+    sharding.check_batch_size(tc.batch_size, mesh)
+    task = build.build_task(config.task, workdir)
+    task.prepare()
+    check_vocabulary(workdir, task.vocab, write=jax.process_index() == 0)
+    model = build.build_model(
+        model_fields(config, task.vocab_size), build.build_deq_spec(config.deq)
+    )
+    tx, schedule = make_optimizer(tc)
+    state = init_state(model, tx, tc.seq_len, tc.seed)
+    mems = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
+    ckpt = Checkpointer(
+        workdir,
+        every_steps=config.ckpt.every_steps,
+        keep=config.ckpt.keep,
+        async_save=config.ckpt.async_save,
+    )
+    restored, start = ckpt.restore_or_init({"state": state, "mems": mems})
+    return LMRun(
+        mesh=mesh,
+        task=task,
+        model=model,
+        schedule=schedule,
+        state=sharding.replicate(restored["state"], mesh),
+        mems=place_memory(restored["mems"], mesh, tc.batch_size),
+        start_step=start,
+        checkpointer=ckpt,
+    )
+
+
+def restore_language_model(config: Any, workdir: str) -> tuple[Any, Any, Vocabulary, int]:
+    """The trained model of ``workdir``, without its data: ``(model, variables, vocab,
+    step)``, the vocabulary read from the workdir's ``vocab.json``.
+
+    Raises:
+      FileNotFoundError: if the workdir has no ``vocab.json`` or no checkpoint.
+      CheckpointMismatchError: if the checkpoint does not fit the config's model.
+    """
+    path = os.path.join(workdir, VOCAB_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No {VOCAB_FILE} in {workdir}: is it a language-model run?")
+    with open(path) as f:
+        vocab = Vocabulary.from_json(f.read())
+    build.check_layout(config)
+    tc = config.train
+    model = build.build_model(model_fields(config, vocab.size), build.build_deq_spec(config.deq))
+    tx, _ = make_optimizer(tc)
+    state = init_state(model, tx, tc.seq_len, tc.seed)
+    mems = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
+    ckpt = Checkpointer(workdir, every_steps=1, keep=max(config.ckpt.keep, 1))
+    try:
+        if ckpt.latest_step() is None:
+            raise FileNotFoundError(f"No checkpoint in {ckpt.directory}.")
+        restored, step = ckpt.restore_or_init({"state": state, "mems": mems})
+    finally:
+        ckpt.close()
+    return model, restored["state"].variables(), vocab, step
