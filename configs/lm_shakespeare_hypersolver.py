@@ -31,21 +31,24 @@ def get_config(arg: str | None = None) -> ConfigDict:
     """The LM solver config; ``arg``: the variants of `configs.lm_shakespeare`."""
     config = lm_shakespeare.get_config(arg)
     smoke = "smoke" in lm_shakespeare.variants(arg)
+    # Sized to the goals: the solver and initialiser within 3% of the LM's parameters
+    # (2.7% of the 275k-parameter LM), the fit within 5% of its training time (most
+    # steps detached from the cell's backward pass).
     return default.hypersolver(
         config,
         "smoke" if smoke else "",
-        hidden=16,
-        init_hidden=32,
+        hidden=8,
+        init_hidden=3,
         init_kernel_size=3,
         pool="last",
         unroll_steps=10,
         tol=1e-3,
         max_iter=30,
-        train_steps=400,
+        train_steps=200,
+        detached_steps=150,
         batch_size=16,
-        target_batches=8,
+        target_batches=6,
         target_max_iter=60,
         max_target_residual=2e-2,
-        learning_rate=2e-3,
+        learning_rate=3e-3,
     )
-    return config

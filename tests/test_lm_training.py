@@ -250,3 +250,17 @@ def test_configs_document_their_commands():
     with pytest.raises(ValueError, match="more than one mode"):
         lm_shakespeare.get_config("untied,weight_tied")
     assert lm_shakespeare.get_config("pre_ln").model.ln_placement == "pre"
+
+
+def test_lm_table_over_seeds(trained, tmp_path):
+    from launch import lm_table
+
+    workdir, _, _ = trained
+    assert lm_table.parse_group(f"deq={workdir},{workdir}") == ("deq", [workdir, workdir])
+    with pytest.raises(ValueError, match="name=workdir"):
+        lm_table.parse_group("deq")
+    row = lm_table.summarize("deq", [lm_table.read_run(workdir)] * 2)
+    assert row["seeds"] == 2 and row["valid"][1] == 0.0 and row["bwd_nstep"][0] is not None
+    assert "| deq | 2 |" in lm_table.markdown([row])
+    with pytest.raises(FileNotFoundError, match="did not finish"):
+        lm_table.read_run(str(tmp_path))
