@@ -163,6 +163,16 @@ def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
         assert np.isfinite(report["eval"][name]["bpc"])
         assert report["eval"][name]["seconds_per_batch"] > 0
     assert set(run.solvers) == {"hyper_anderson", "no_init", "ls_alpha"}
+    from launch.solver_pareto import run_pareto
+
+    pareto = run_pareto(
+        config, str(tmp_path), budgets=(2,), repeats=1, max_batches=2, emit=lambda _: None
+    )
+    assert pareto["summary"]["metric"] == "bpc"
+    assert pareto["summary"]["metric_target"] == pytest.approx(
+        pareto["table"]["anderson"][0]["bpc"] + 0.005
+    )
+    assert os.path.exists(tmp_path / "solver_pareto.png")
 
 
 _MULTI = """
