@@ -51,7 +51,9 @@ def smoke_config(corpus, arg="smoke", **train):
 def trained(corpus, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("lm"))
     lines = []
-    result = train_language_model(smoke_config(corpus), workdir, emit=lines.append)
+    config = smoke_config(corpus)
+    config.eval.max_batches = 0  # the final evaluation streams whole splits anyway
+    result = train_language_model(config, workdir, emit=lines.append)
     return workdir, result, lines
 
 
@@ -71,12 +73,10 @@ def test_smoke_run_writes_report_checkpoints_and_metrics(trained):
     assert os.path.exists(os.path.join(workdir, "vocab.json"))
 
 
-def test_eval_scores_every_token_of_the_split(corpus, tmp_path):
-    config = smoke_config(corpus, steps=2)
-    config.eval.max_batches = 0
-    result = train_language_model(config, str(tmp_path), emit=lambda _: None)
+def test_eval_scores_every_token_of_the_split(corpus, trained, tmp_path):
     from deq_jax import tasks
 
+    _, result, _ = trained
     task = tasks.get("char_text", path=corpus, data_dir=str(tmp_path / "data"))
     for split in ("valid", "test"):
         assert result.eval_metrics[split]["tokens"] == task.num_tokens(split) - 1
@@ -148,12 +148,18 @@ def test_sample_launch_and_bad_prompt(corpus, trained):
     assert bad.returncode != 0 and "\u00a7" in bad.stderr
 
 
-def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
-    workdir, _, _ = trained
+def _solver_config(corpus, workdir):
     config = lm_shakespeare_hypersolver.get_config("smoke")
     config.task.path = corpus
     config.neural_solver.deq_workdir = workdir
     config.neural_solver.max_target_residual = 10.0  # a 4-step model barely converges
+    return config
+
+
+def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
+    workdir, _, _ = trained
+    config = _solver_config(corpus, workdir)
+    config.neural_solver.ablations = False
     run = train_lm_hypersolver(config, str(tmp_path), emit=lambda _: None)
     report = run.report
     assert report["state_shape"] == [config.train.seq_len, config.model.d_model]
@@ -162,9 +168,17 @@ def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
     for name in ("anderson", "neural", "neural_2K"):
         assert np.isfinite(report["eval"][name]["bpc"])
         assert report["eval"][name]["seconds_per_batch"] > 0
-    assert set(run.solvers) == {"hyper_anderson", "no_init", "ls_alpha"}
+    assert set(run.solvers) == {"hyper_anderson"}
+
+
+@pytest.mark.slow
+def test_solver_sweep_on_the_language_model(corpus, trained, tmp_path):
     from launch.solver_pareto import run_pareto
 
+    workdir, _, _ = trained
+    config = _solver_config(corpus, workdir)
+    run = train_lm_hypersolver(config, str(tmp_path), emit=lambda _: None)
+    assert set(run.solvers) == {"hyper_anderson", "no_init", "ls_alpha"}
     pareto = run_pareto(
         config, str(tmp_path), budgets=(2,), repeats=1, max_batches=2, emit=lambda _: None
     )
@@ -226,7 +240,13 @@ def test_same_numbers_on_one_and_eight_devices(corpus, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "arg", ["smoke,weight_tied", "smoke,untied", "smoke,unrolled", "smoke,pre_ln,jacobian"]
+    "arg",
+    [
+        "smoke,unrolled",
+        pytest.param("smoke,weight_tied", marks=pytest.mark.slow),
+        pytest.param("smoke,untied", marks=pytest.mark.slow),
+        pytest.param("smoke,pre_ln,jacobian", marks=pytest.mark.slow),
+    ],
 )
 def test_variants_train(corpus, tmp_path, arg):
     config = smoke_config(corpus, arg, steps=2)
