@@ -4,7 +4,8 @@ The corpus is prepared once (it is never fetched at training time)::
 
     python -m launch.prepare_data shakespeare --out ~/.cache/deq_jax/shakespeare
 
-Then train (about 30 minutes on 2 CPU cores) and sample::
+Then train (28 to 38 minutes on a 2-core CPU shared with other runs, 1,500 steps) and
+sample::
 
     python -m launch.main --config configs/lm_shakespeare.py --workdir /tmp/lm
     python -m launch.sample --config configs/lm_shakespeare.py --workdir /tmp/lm \\
