@@ -134,6 +134,68 @@ def _evaluate(config: Any, deq: Any, frozen: FrozenDEQ, fitted: SolverFit) -> di
     return jax.tree_util.tree_map(float, out)
 
 
+def fit_variants(
+    spec: NeuralSolverSpec,
+    frozen: FrozenDEQ,
+    pool: list,
+    workdir: str,
+    emit: Callable[[str], None],
+) -> dict[str, SolverFit]:
+    """Fits the solver (and, with ``spec.ablations``, its `VARIANTS`) on ``pool`` and
+    checkpoints each under `variant_dir`."""
+    names = list(VARIANTS) if spec.ablations else ["hyper_anderson"]
+    fits: dict[str, SolverFit] = {}
+    for name in names:
+        alpha_mode, use_init = VARIANTS[name]
+        fits[name] = fit(
+            spec,
+            frozen,
+            pool,
+            num_steps=spec.train_steps,
+            alpha_mode=alpha_mode,
+            use_init=use_init,
+            emit=emit,
+        )
+        losses = fits[name].losses
+        emit(
+            f"{name}: {spec.train_steps} steps in {fits[name].seconds:.1f} s, loss "
+            f"{losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
+        )
+        save_fit(variant_dir(workdir, name), spec.train_steps, fits[name])
+    return fits
+
+
+def fit_report(
+    spec: NeuralSolverSpec,
+    pool: list,
+    fits: dict[str, SolverFit],
+    *,
+    deq_params: int,
+    target_seconds: float,
+    deq_seconds: float | None,
+    evaluation: dict,
+) -> dict[str, Any]:
+    """The ``neural_solver.json`` of a fit: shapes, sizes, times and ``evaluation``."""
+    main = fits["hyper_anderson"]
+    solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
+    fit_seconds = target_seconds + main.seconds
+    return {
+        "deq_workdir": spec.deq_workdir,
+        "state_shape": list(pool[0].z_star.shape[1:]),
+        "input_shape": list(pool[0].x.shape[1:]),
+        "spec": dict(vars(spec)),
+        "deq_params": deq_params,
+        "solver_params": solver_params,
+        "param_fraction": solver_params / deq_params,
+        "target_seconds": target_seconds,
+        "fit_seconds": {name: f.seconds for name, f in fits.items()},
+        "deq_train_seconds": deq_seconds,
+        "time_fraction": None if not deq_seconds else fit_seconds / deq_seconds,
+        "final_loss": {name: float(np.mean(f.losses[-10:])) for name, f in fits.items()},
+        "eval": evaluation,
+    }
+
+
 def train_hypersolver(
     config: Any, workdir: str, *, emit: Callable[[str], None] = print
 ) -> HyperSolverRun:
@@ -159,45 +221,19 @@ def train_hypersolver(
     began = time.perf_counter()
     pool = collect_targets(frozen, batches, spec.target_batches, spec.max_target_residual, emit)
     target_seconds = time.perf_counter() - began
-    names = list(VARIANTS) if spec.ablations else ["hyper_anderson"]
-    fits: dict[str, SolverFit] = {}
-    for name in names:
-        alpha_mode, use_init = VARIANTS[name]
-        fits[name] = fit(
-            spec,
-            frozen,
-            pool,
-            num_steps=spec.train_steps,
-            alpha_mode=alpha_mode,
-            use_init=use_init,
-            emit=emit,
-        )
-        losses = fits[name].losses
-        emit(
-            f"{name}: {spec.train_steps} steps in {fits[name].seconds:.1f} s, loss "
-            f"{losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
-        )
-        save_fit(variant_dir(workdir, name), spec.train_steps, fits[name])
+    fits = fit_variants(spec, frozen, pool, workdir, emit)
     main = fits["hyper_anderson"]
-    deq_params = count_params(deq.state.params)
-    solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
-    deq_seconds = read_train_seconds(spec.deq_workdir)
-    fit_seconds = target_seconds + main.seconds
-    report = {
-        "deq_workdir": spec.deq_workdir,
-        "state_shape": list(pool[0].z_star.shape[1:]),
-        "input_shape": list(pool[0].x.shape[1:]),
-        "spec": {k: v for k, v in vars(spec).items()},
-        "deq_params": deq_params,
-        "solver_params": solver_params,
-        "param_fraction": solver_params / deq_params,
-        "target_seconds": target_seconds,
-        "fit_seconds": {name: f.seconds for name, f in fits.items()},
-        "deq_train_seconds": deq_seconds,
-        "time_fraction": None if not deq_seconds else fit_seconds / deq_seconds,
-        "final_loss": {name: float(np.mean(f.losses[-10:])) for name, f in fits.items()},
-        "eval": _evaluate(config, deq, frozen, main),
-    }
+    report = fit_report(
+        spec,
+        pool,
+        fits,
+        deq_params=count_params(deq.state.params),
+        target_seconds=target_seconds,
+        deq_seconds=read_train_seconds(spec.deq_workdir),
+        evaluation=_evaluate(config, deq, frozen, main),
+    )
+    solver_params, deq_params = report["solver_params"], report["deq_params"]
+    deq_seconds, fit_seconds = report["deq_train_seconds"], target_seconds + main.seconds
     with open(os.path.join(workdir, REPORT_FILE), "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)
     emit(

@@ -32,23 +32,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
 from deq_jax.solvers.anderson import anderson
 from deq_jax.training.frozen_deq import FrozenDEQ
 from deq_jax.training.hypersolver import (
     REPORT_FILE,
-    VARIANTS,
     HyperSolverRun,
     count_params,
+    fit_report,
+    fit_variants,
     restore_solvers,
-    save_fit,
-    variant_dir,
 )
 from deq_jax.training.lm_evaluate import StreamEvaluator
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_train import REPORT_FILE as LM_REPORT_FILE
-from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets
 
 # The batch key under which the segment memory reaches the model (a model keyword).
 MEMS = "mems"
@@ -163,45 +161,19 @@ def train_lm_hypersolver(
     segments = segments_with_memory(run, frozen.variables, spec.batch_size, seq_len)
     pool = collect_targets(frozen, segments, spec.target_batches, spec.max_target_residual, emit)
     target_seconds = time.perf_counter() - began
-    names = list(VARIANTS) if spec.ablations else ["hyper_anderson"]
-    fits: dict[str, SolverFit] = {}
-    for name in names:
-        alpha_mode, use_init = VARIANTS[name]
-        fits[name] = fit(
-            spec,
-            frozen,
-            pool,
-            num_steps=spec.train_steps,
-            alpha_mode=alpha_mode,
-            use_init=use_init,
-            emit=emit,
-        )
-        losses = fits[name].losses
-        emit(
-            f"{name}: {spec.train_steps} steps in {fits[name].seconds:.1f} s, loss "
-            f"{losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
-        )
-        save_fit(variant_dir(workdir, name), spec.train_steps, fits[name])
+    fits = fit_variants(spec, frozen, pool, workdir, emit)
     main = fits["hyper_anderson"]
-    lm_params = count_params(run.state.params)
-    solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
-    lm_seconds = _lm_train_seconds(spec.deq_workdir)
-    fit_seconds = target_seconds + main.seconds
-    report = {
-        "deq_workdir": spec.deq_workdir,
-        "state_shape": list(pool[0].z_star.shape[1:]),
-        "input_shape": list(pool[0].x.shape[1:]),
-        "spec": dict(vars(spec)),
-        "deq_params": lm_params,
-        "solver_params": solver_params,
-        "param_fraction": solver_params / lm_params,
-        "target_seconds": target_seconds,
-        "fit_seconds": {name: f.seconds for name, f in fits.items()},
-        "deq_train_seconds": lm_seconds,
-        "time_fraction": None if not lm_seconds else fit_seconds / lm_seconds,
-        "final_loss": {name: float(np.mean(f.losses[-10:])) for name, f in fits.items()},
-        "eval": evaluate_solvers(config, run, frozen, main, spec),
-    }
+    report = fit_report(
+        spec,
+        pool,
+        fits,
+        deq_params=count_params(run.state.params),
+        target_seconds=target_seconds,
+        deq_seconds=_lm_train_seconds(spec.deq_workdir),
+        evaluation=evaluate_solvers(config, run, frozen, main, spec),
+    )
+    solver_params, lm_params = report["solver_params"], report["deq_params"]
+    lm_seconds, fit_seconds = report["deq_train_seconds"], target_seconds + main.seconds
     path = os.path.join(workdir, REPORT_FILE)
     with open(path, "w") as f:
         json.dump(report, f, indent=2, sort_keys=True)
