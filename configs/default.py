@@ -32,6 +32,8 @@ Sections:
     (`deq_jax.nn.settled_apply`), with the residual tolerance ``settle_tol`` (0: the
     solver's); 0 stops on the residual only.
   train: steps, global batch size, optimiser, schedule, clipping, seed,
+    ``pretrain_steps`` (a warm-up: the first steps train the same parameters as the
+    explicit weight-tied network, for models with ``mode="weight_tied"``, e.g. MDEQ),
     ``stop_at_step`` (end this invocation early, e.g. to fit a job slot; the next run
     resumes) and ``distributed`` (call `jax.distributed.initialize()` first, for
     multi-host runs; ``coordinator_address``, ``num_processes`` and ``process_id``
@@ -217,6 +219,7 @@ def get_config() -> ConfigDict:
             warmup_steps=100,
             end_lr_factor=0.01,
             grad_clip_norm=1.0,
+            pretrain_steps=0,
             stop_at_step=0,
             distributed=False,
             coordinator_address="",

@@ -1,7 +1,9 @@
 """Neural deep equilibrium solvers: a learned initialiser and HyperAnderson iterations.
 
-* `make_initializer` / `SequenceInitializer` / `ImageInitializer` / `VectorInitializer`:
-  ``h_phi(x)``, the injection mapped to a first state.
+* `make_initializer` / `SequenceInitializer` / `ImageInitializer` / `VectorInitializer`
+  / `MultiscaleInitializer`: ``h_phi(x)``, the injection mapped to a first state.
+* `state_shape`: the per-sample layout a solver is built for (one array, or one per
+  resolution of a multiscale state): `state_shape_of`, `pooled_channels`.
 * `neural_solver`: HyperAnderson with trained weights, a `deq_jax.Solver` usable in
   `deq_jax.fixed_point` and `deq_jax.nn.DEQ`; `init_neural_solver` builds an untrained one.
 * `neural_solver_loss`, `unroll`, `step_weights`, `linear_decay`: the training objective
@@ -43,6 +45,7 @@ from deq_jax.neural_solver.initializer import (
     INITIALIZER_KINDS,
     ImageInitializer,
     LearnedInit,
+    MultiscaleInitializer,
     SequenceInitializer,
     VectorInitializer,
     make_initializer,
@@ -56,6 +59,12 @@ from deq_jax.neural_solver.loss import (
 )
 from deq_jax.neural_solver.params import FrozenParams
 from deq_jax.neural_solver.solver import init_neural_solver, init_params, neural_solver
+from deq_jax.neural_solver.state_shape import (
+    check_state_shape,
+    is_multiscale,
+    pooled_channels,
+    state_shape_of,
+)
 
 __all__ = [
     "INITIALIZER_KINDS",
@@ -66,6 +75,7 @@ __all__ = [
     "HyperAndersonStep",
     "ImageInitializer",
     "LearnedInit",
+    "MultiscaleInitializer",
     "SequenceInitializer",
     "Unrolled",
     "VectorInitializer",
@@ -75,12 +85,16 @@ __all__ = [
     "hyper_anderson_update",
     "init_neural_solver",
     "init_params",
+    "is_multiscale",
+    "check_state_shape",
     "linear_decay",
     "make_initializer",
     "neural_solver",
     "neural_solver_loss",
     "normalize_alpha",
     "pool_residual",
+    "pooled_channels",
+    "state_shape_of",
     "step_weights",
     "unroll",
 ]

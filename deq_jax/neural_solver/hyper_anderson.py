@@ -27,12 +27,14 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax.neural_solver.state_shape import StateShape, is_multiscale, state_size
 from deq_jax.solvers.anderson import anderson_step, anderson_weights, update_gram
 
 POOLS = ("mean", "last")
@@ -153,27 +155,47 @@ def hyper_anderson_update(
     return anderson_step(fs, gs, alpha, beta)
 
 
-def pool_residual(g: jax.Array, state_shape: tuple[int, ...], pool: str) -> jax.Array:
-    """Compresses flat residuals ``g [B, D]`` to ``[B, C]``, ``C = state_shape[-1]``.
+def pool_residual(g: jax.Array, state_shape: StateShape, pool: str) -> jax.Array:
+    """Compresses flat residuals ``g [B, D]`` to ``[B, C]`` (`pooled_channels`).
 
     The pooled vector depends on the channels only, so a solver built for sequences of
-    one length (or images of one size) runs on any other: a state with spatial axes
-    may hold any number of positions.
+    one length (or images of one size) runs on any other: a one-array state with
+    spatial axes may hold any number of positions. A multiscale state (a tuple of
+    shapes, see `deq_jax.neural_solver.state_shape`) is pooled per resolution, channel
+    by channel, and the means are concatenated; its sizes must match exactly.
 
     Args:
       g: residuals, one flattened state per row.
       state_shape: the per-sample state shape, channels last: ``(D,)`` for vectors,
         ``(L, C)`` for sequences, ``(H, W, C)`` for images (for the last two, the
-        spatial sizes may differ at run time).
+        spatial sizes may differ at run time), or a tuple of such shapes.
       pool: ``"mean"`` averages over every position (the vector itself for ``(D,)``);
         ``"last"`` takes the last token of a sequence.
 
     Raises:
       ValueError: if ``D`` does not fit ``state_shape`` (the size of a vector state, a
-        multiple of the channels otherwise), or ``pool`` is unknown or ``"last"`` with a
-        state that is not a sequence.
+        multiple of the channels for one array with positions, the exact size of a
+        multiscale state), or ``pool`` is unknown or ``"last"`` with a state that is
+        not a sequence.
     """
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}.")
     batch, size = g.shape
+    if is_multiscale(state_shape):
+        if pool != "mean":
+            raise ValueError(f"pool={pool!r} needs a sequence state (L, C), got {state_shape}.")
+        if size != state_size(state_shape):
+            raise ValueError(
+                f"The neural solver was built for states of shapes {state_shape} "
+                f"({state_size(state_shape)} values per sample) but the solve has {size}."
+            )
+        pooled, start = [], 0
+        for shape in state_shape:  # the flattening order of the state's leaves
+            n = math.prod(shape)
+            leaf = jnp.reshape(g[:, start : start + n], (batch, n // shape[-1], shape[-1]))
+            pooled.append(jnp.mean(leaf, axis=1))  # [B, C_i]
+            start += n
+        return jnp.concatenate(pooled, axis=-1)  # [B, sum_i C_i]
     channels = state_shape[-1]
     fits = size == channels if len(state_shape) == 1 else size % channels == 0
     if not fits:
@@ -185,11 +207,9 @@ def pool_residual(g: jax.Array, state_shape: tuple[int, ...], pool: str) -> jax.
     x = jnp.reshape(g, (batch, size // channels, channels))  # [B, positions, C]
     if pool == "mean":
         return jnp.mean(x, axis=1)
-    if pool == "last":
-        if len(state_shape) != 2:
-            raise ValueError(f"pool='last' needs a sequence state (L, C), got {state_shape}.")
-        return x[:, -1, :]
-    raise ValueError(f"pool must be one of {', '.join(POOLS)}, got {pool!r}.")
+    if len(state_shape) != 2:
+        raise ValueError(f"pool='last' needs a sequence state (L, C), got {state_shape}.")
+    return x[:, -1, :]
 
 
 def history_features(feats: jax.Array, norms: jax.Array, valid: jax.Array) -> jax.Array:
@@ -229,7 +249,7 @@ def hyper_anderson_step(
     z: jax.Array,
     fz: jax.Array,
     k: jax.Array,
-    state_shape: tuple[int, ...],
+    state_shape: StateShape,
     pool: str,
     alpha_mode: str = "learned",
     anderson_after: int | None = None,

@@ -6,6 +6,10 @@ to ``[B, ..., features]`` (the same leading axes, the state's channels):
 * `SequenceInitializer` for ``[B, L, C]``: a causal 1-D convolution, ReLU, a linear layer.
 * `ImageInitializer` for ``[B, H, W, C]``: one 3x3 convolution.
 * `VectorInitializer` for ``[B, D]``: one linear layer.
+* `MultiscaleInitializer` for a multiscale state (a tuple of ``[B, H/2^i, W/2^i, C_i]``,
+  `deq_jax.models.mdeq.MDEQ`) from an injection ``[B, H, W, C_in]`` at the highest
+  resolution: per resolution, the injection average-pooled to that resolution and one
+  3x3 convolution.
 
 The last layer starts at zero weight and bias, so an untrained initialiser returns the
 zero state of a classic DEQ and training moves it towards the fixed points. Use it as
@@ -28,7 +32,7 @@ import jax
 
 from deq_jax.neural_solver.params import FrozenParams
 
-INITIALIZER_KINDS = ("sequence", "image", "vector")
+INITIALIZER_KINDS = ("sequence", "image", "vector", "multiscale")
 
 _zeros = nn.initializers.zeros
 
@@ -115,12 +119,45 @@ class VectorInitializer(nn.Module):
         return nn.Dense(self.features, kernel_init=_zeros, bias_init=_zeros)(x)
 
 
-def make_initializer(kind: str, features: int, **options) -> nn.Module:
-    """The initialiser module of ``kind`` (``"sequence"``, ``"image"`` or ``"vector"``).
+class MultiscaleInitializer(nn.Module):
+    """``[B, H, W, C_in] -> ([B, H, W, C_0], [B, H/2, W/2, C_1], ...)``: per resolution
+    ``i`` the injection average-pooled over ``2^i x 2^i`` windows, then one
+    convolution.
+
+    Attributes:
+      features: the channels of each resolution, highest first.
+      kernel_size: the square kernel's side.
+    """
+
+    features: tuple[int, ...]
+    kernel_size: int = 3
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, ...]:
+        _check_rank(x, 4, "MultiscaleInitializer", "[B, H, W, C]")
+        k = (self.kernel_size, self.kernel_size)
+        out = []
+        for i, channels in enumerate(self.features):
+            factor = 2**i
+            if x.shape[1] % factor or x.shape[2] % factor:
+                raise ValueError(
+                    f"MultiscaleInitializer: {len(self.features)} resolutions need H and W "
+                    f"divisible by {factor}, got {x.shape}."
+                )
+            xi = nn.avg_pool(x, (factor, factor), strides=(factor, factor)) if i else x
+            conv = nn.Conv(channels, k, padding="SAME", kernel_init=_zeros, bias_init=_zeros)
+            out.append(conv(xi))  # [B, H / 2^i, W / 2^i, C_i]
+        return tuple(out)
+
+
+def make_initializer(kind: str, features: int | tuple[int, ...], **options) -> nn.Module:
+    """The initialiser module of ``kind`` (``"sequence"``, ``"image"``, ``"vector"``
+    or ``"multiscale"``).
 
     Args:
       kind: the kind of state.
-      features: the state's channels (its size for vectors).
+      features: the state's channels (its size for vectors; a tuple of channels, one
+        per resolution, for ``"multiscale"``).
       **options: the module's other fields (``hidden``, ``kernel_size``).
 
     Raises:
@@ -130,9 +167,15 @@ def make_initializer(kind: str, features: int, **options) -> nn.Module:
         "sequence": SequenceInitializer,
         "image": ImageInitializer,
         "vector": VectorInitializer,
+        "multiscale": MultiscaleInitializer,
     }
     if kind not in modules:
         raise ValueError(f"kind must be one of {', '.join(INITIALIZER_KINDS)}, got {kind!r}.")
+    if (kind == "multiscale") != isinstance(features, tuple):
+        raise ValueError(
+            "features must be a tuple of channels (one per resolution) for kind "
+            f"'multiscale' and an int otherwise; got {features!r} for {kind!r}."
+        )
     return modules[kind](features=features, **options)
 
 
@@ -146,13 +189,13 @@ class LearnedInit:
 
     Attributes:
       kind: the initialiser kind (see `make_initializer`).
-      features: the state's channels.
+      features: the state's channels (a tuple, one per resolution, for ``"multiscale"``).
       params: the trained variables (a pytree is wrapped in a `FrozenParams`).
       options: the module's other fields, as ``((name, value), ...)``.
     """
 
     kind: str
-    features: int
+    features: int | tuple[int, ...]
     params: Any
     options: tuple[tuple[str, Any], ...] = ()
 
@@ -166,7 +209,8 @@ class LearnedInit:
         """The initialiser module."""
         return make_initializer(self.kind, self.features, **dict(self.options))
 
-    def __call__(self, x: Any) -> jax.Array:
+    def __call__(self, x: Any) -> Any:
         """``h_phi(x)``, the first state for the injected input ``x`` (`initializer_input`)."""
         x = initializer_input(x)
-        return self.module.apply(self.params.tree, x).astype(x.dtype)
+        z0 = self.module.apply(self.params.tree, x)
+        return jax.tree_util.tree_map(lambda z: z.astype(x.dtype), z0)

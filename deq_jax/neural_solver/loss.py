@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax import _flat
 from deq_jax.neural_solver.solver import neural_solver
 
 
@@ -101,7 +102,7 @@ def neural_solver_loss(
     f: Callable[[jax.Array, Any], jax.Array],
     args: Any,
     x: jax.Array,
-    z_star: jax.Array,
+    z_star: Any,
     *,
     steps: int,
     l1: float = 1.0,
@@ -117,10 +118,11 @@ def neural_solver_loss(
       initializer: the ``h_phi`` module (`deq_jax.neural_solver.make_initializer`), or
         ``None`` to start every solve at zero (the "no initialiser" ablation; the
         initialisation term is then a constant).
-      f: the frozen cell, ``f(z, args) -> z`` on states ``[B, *state_shape]``.
+      f: the frozen cell, ``f(z, args) -> z`` on states ``[B, *state_shape]`` (a tuple
+        of such arrays for a multiscale state).
       args: the cell's arguments (no gradient reaches them).
       x: the injection ``h_phi`` reads.
-      z_star: the known fixed points ``[B, *state_shape]``.
+      z_star: the known fixed points ``[B, *state_shape]`` (or a tuple of them).
       steps: ``K`` unrolled steps.
       l1, l2, l3: weights of the convergence, initialisation and ``||G alpha||^2``
         terms.
@@ -132,22 +134,23 @@ def neural_solver_loss(
       before weighting) and ``final_rel_error`` (``||z_K - z*|| / ||z*||``, batch mean).
 
     Raises:
-      ValueError: if ``h_phi(x)`` does not have the shape of ``z_star``.
+      ValueError: if ``h_phi(x)`` does not have the structure and shapes of ``z_star``.
     """
     args = jax.lax.stop_gradient(args)
     z_star = jax.lax.stop_gradient(z_star)
     if initializer is None:
-        z0 = jnp.zeros_like(z_star)
+        z0 = jax.tree_util.tree_map(jnp.zeros_like, z_star)
     else:
         z0 = initializer.apply(params["init"], x)
-    if z0.shape != z_star.shape:
+    if not _flat.same_specs(jax.eval_shape(lambda: z0), jax.eval_shape(lambda: z_star)):
         raise ValueError(
-            f"The initialiser maps x {x.shape} to {z0.shape}, but z_star is {z_star.shape}."
+            f"The initialiser maps x {x.shape} to {_flat.describe(z0)}, but z_star is "
+            f"{_flat.describe(z_star)}."
         )
-    shape, batch = z_star.shape, z_star.shape[0]
-    fn = lambda z: jnp.reshape(f(jnp.reshape(z, shape), args), (batch, -1))
-    target = jnp.reshape(z_star, (batch, -1))
-    z0_flat = jnp.reshape(z0, (batch, -1))
+    layout = _flat.layout_of(z_star, batched=True)
+    fn = _flat.flat_fn(f, layout, args)  # [B, D] -> [B, D]
+    target = _flat.flatten(z_star, layout)
+    z0_flat = _flat.flatten(z0, layout)
     out = unroll(solver, params["solver"], fn, z0_flat, steps, cell_gradient)
     err = jnp.mean(jnp.sum((out.zs - target) ** 2, axis=-1), axis=-1)  # [K]
     conv = jnp.sum(step_weights(steps, err.dtype) * err)

@@ -38,6 +38,12 @@ from deq_jax.neural_solver.hyper_anderson import (
     hyper_anderson_step,
 )
 from deq_jax.neural_solver.params import FrozenParams, leaf_specs
+from deq_jax.neural_solver.state_shape import (
+    StateShape,
+    check_state_shape,
+    is_multiscale,
+    pooled_channels,
+)
 from deq_jax.solvers.base import Solver
 
 
@@ -55,8 +61,10 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
       params: the `HyperAndersonNet` variables; a pytree of concrete arrays is wrapped
         in a `FrozenParams` on construction.
       state_shape: the per-sample state shape, channels last: ``(D,)``, ``(L, C)`` or
-        ``(H, W, C)``. The solve's state must be one array of shape ``[B, *state_shape]``
-        (any pytree state of that total size is accepted with ``state_shape=(D,)``).
+        ``(H, W, C)``, for a solve whose state is one array ``[B, *state_shape]`` (any
+        pytree state of that total size is accepted with ``state_shape=(D,)``); or a
+        tuple of such shapes, one per array of a multiscale state (a tuple of arrays,
+        each pooled on its own; `deq_jax.neural_solver.state_shape`).
       m: history size is ``m + 1`` (the current iterate and ``m`` past ones).
       hidden: channels of the network's temporal convolutions.
       kernel_size: width of the temporal convolutions.
@@ -83,7 +91,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
     """
 
     params: Any
-    state_shape: tuple[int, ...]
+    state_shape: StateShape
     m: int = 5
     hidden: int = 32
     kernel_size: int = 3
@@ -102,7 +110,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
                 m=self.m,
                 hidden=self.hidden,
                 kernel_size=self.kernel_size,
-                channels=self.state_shape[-1],
+                channels=pooled_channels(self.state_shape),
                 predict_beta=self.beta is None,
                 abstract=True,
             )
@@ -110,7 +118,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         if params.specs != expected:
             raise ValueError(
                 "params do not match the network of this solver (hidden, kernel_size, "
-                f"state_shape[-1], beta): expected {expected}, got {params.specs}."
+                f"the pooled state channels, beta): expected {expected}, got {params.specs}."
             )
         object.__setattr__(self, "params", params)
 
@@ -131,7 +139,7 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         return dataclasses.replace(self, params=params)
 
     def init(self, z0):
-        return hyper_anderson_init(z0, self.m, self.state_shape[-1])
+        return hyper_anderson_init(z0, self.m, pooled_channels(self.state_shape))
 
     def propose(self, aux, z, fz, k):
         return self.step(self.variables, aux, z, fz, k)[:2]
@@ -153,11 +161,9 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         )
 
 
-def _check_hyper(hyper: Any) -> tuple[int, ...]:
-    """Validates the network hyper-parameters; returns ``state_shape`` as a tuple."""
-    shape = tuple(hyper.state_shape)
-    if not shape or not all(isinstance(s, int) and s >= 1 for s in shape):
-        raise ValueError(f"state_shape must be positive ints, got {hyper.state_shape!r}.")
+def _check_hyper(hyper: Any) -> StateShape:
+    """Validates the network hyper-parameters; returns ``state_shape`` as tuples."""
+    shape = check_state_shape(hyper.state_shape)
     for name in ("m", "hidden", "kernel_size"):
         value = getattr(hyper, name)
         if not isinstance(value, int) or value < 1:
@@ -171,7 +177,7 @@ def _check_hyper(hyper: Any) -> tuple[int, ...]:
     after = hyper.anderson_after
     if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
         raise ValueError(f"anderson_after must be None or an integer >= 0, got {after!r}.")
-    if hyper.pool == "last" and len(shape) != 2:
+    if hyper.pool == "last" and (is_multiscale(shape) or len(shape) != 2):
         raise ValueError(f"pool='last' needs a sequence state (L, C), got {shape}.")
     beta = hyper.beta
     if beta is not None:
@@ -202,7 +208,7 @@ def init_params(
       m: history size minus one.
       hidden: channels of the temporal convolutions.
       kernel_size: width of the temporal convolutions.
-      channels: the pooled residual size, ``state_shape[-1]``.
+      channels: the pooled residual size (`pooled_channels` of the state shape).
       predict_beta: with the ``beta`` head (a solver whose ``beta`` is ``None``).
       abstract: return shape structs only (no computation).
     """
@@ -215,12 +221,13 @@ def init_params(
     return net.init(key, x, valid)
 
 
-def init_neural_solver(key: jax.Array, state_shape: tuple[int, ...], **hyper: Any) -> neural_solver:
+def init_neural_solver(key: jax.Array, state_shape: StateShape, **hyper: Any) -> neural_solver:
     """An untrained `neural_solver` (uniform mixing, ``beta = 1/2`` unless fixed).
 
     Args:
       key: PRNG key of the network's initialisation.
-      state_shape: the per-sample state shape, channels last.
+      state_shape: the per-sample state shape, channels last (a tuple of shapes for a
+        multiscale state).
       **hyper: the other `neural_solver` fields (``m``, ``hidden``, ``kernel_size``,
         ``pool``, ``alpha_mode``, ``anderson_after``, ``beta``, ``tol``, ``max_iter``,
         ``stop_mode``).
@@ -243,7 +250,7 @@ def init_neural_solver(key: jax.Array, state_shape: tuple[int, ...], **hyper: An
         m=merged["m"],
         hidden=merged["hidden"],
         kernel_size=merged["kernel_size"],
-        channels=shape[-1],
+        channels=pooled_channels(shape),
         predict_beta=merged["beta"] is None,
     )
     return neural_solver(params=params, state_shape=shape, **hyper)

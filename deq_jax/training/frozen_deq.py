@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from deq_jax.neural_solver.initializer import LearnedInit, initializer_input
+from deq_jax.neural_solver.state_shape import StateShape, is_multiscale
 from deq_jax.nn.intercept import deq_call
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver
@@ -37,13 +38,14 @@ class Targets(NamedTuple):
       args: the cell's arguments ``(cell variables, x, dropout key)``.
       x: the injected input ``[B, ...]`` the initialiser reads (its ``"injection"``
         entry for a DEQ whose input is a mapping; `initializer_input`).
-      z_star: the fixed points ``[B, *state_shape]``.
+      z_star: the fixed points ``[B, *state_shape]`` (a tuple of them for a multiscale
+        state).
       rel_residual: ``||f(z*) - z*|| / ||f(z*)||`` per sample ``[B]`` (host array).
     """
 
     args: Any
     x: jax.Array
-    z_star: jax.Array
+    z_star: Any
     rel_residual: np.ndarray
 
 
@@ -98,18 +100,23 @@ class FrozenDEQ:
         extras = {k: batch[k] for k in self.extras}
         args, z_star, rel = self._solve(self.variables, batch["inputs"], extras)
         x = initializer_input(args[1])
-        if not isinstance(z_star, jax.Array) or not isinstance(x, jax.Array):
+        multiscale = isinstance(z_star, tuple | list)
+        arrays = all(isinstance(z, jax.Array) for z in (z_star if multiscale else [z_star]))
+        if not arrays or not isinstance(x, jax.Array):
             raise ValueError(
-                "A neural solver needs a DEQ whose state and injected input are single "
-                f"arrays; this model's are {jax.tree_util.tree_structure(z_star)} and "
+                "A neural solver needs a DEQ whose state is one array or a tuple of arrays "
+                "(one per resolution) and whose injected input is one array; this model's "
+                f"are {jax.tree_util.tree_structure(z_star)} and "
                 f"{jax.tree_util.tree_structure(x)}."
             )
-        if x.shape[:-1] != z_star.shape[:-1]:
+        first = z_star[0] if multiscale else z_star  # the highest resolution
+        if x.shape[:-1] != first.shape[:-1]:
             raise ValueError(
-                f"The injected input {x.shape} and the state {z_star.shape} must share "
-                "their batch and spatial axes (the initialiser maps one to the other)."
+                f"The injected input {x.shape} and the state {first.shape} (its highest "
+                "resolution) must share their batch and spatial axes (the initialiser "
+                "maps one to the other)."
             )
-        return Targets(args, x, z_star, np.asarray(rel))
+        return Targets(args, x, tuple(z_star) if multiscale else z_star, np.asarray(rel))
 
     def with_solver(self, solver: Solver, z_init: Any = "keep") -> nn.Module:
         """The model with another forward solver (and, unless ``"keep"``, ``z_init``)."""
@@ -119,12 +126,20 @@ class FrozenDEQ:
         return self.model.clone(deq=spec)
 
 
-def initializer_kind(state_shape: Sequence[int]) -> str:
-    """The initialiser kind for a per-sample state shape (vector, sequence, image).
+def initializer_kind(state_shape: StateShape) -> str:
+    """The initialiser kind for a per-sample state shape (vector, sequence, image, or
+    multiscale for a tuple of image shapes).
 
     Raises:
       ValueError: for a state of another rank.
     """
+    if is_multiscale(state_shape):
+        if not all(len(shape) == 3 for shape in state_shape):
+            raise ValueError(
+                f"No initialiser for a multiscale state of shapes {tuple(state_shape)}; it "
+                "covers tuples of image states (H, W, C)."
+            )
+        return "multiscale"
     if len(state_shape) not in INITIALIZER_FOR_RANK:
         raise ValueError(
             f"No initialiser for states of per-sample shape {tuple(state_shape)}; the kinds "
@@ -133,7 +148,16 @@ def initializer_kind(state_shape: Sequence[int]) -> str:
     return INITIALIZER_FOR_RANK[len(state_shape)]
 
 
-def learned_init(state_shape: Sequence[int], init_params: Any, **options: Any) -> LearnedInit:
+def initializer_features(state_shape: StateShape) -> int | tuple[int, ...]:
+    """The initialiser's ``features``: the channels, one per resolution for a
+    multiscale state."""
+    if is_multiscale(state_shape):
+        return tuple(int(shape[-1]) for shape in state_shape)
+    return int(state_shape[-1])
+
+
+def learned_init(state_shape: StateShape, init_params: Any, **options: Any) -> LearnedInit:
     """The `LearnedInit` of trained initialiser variables for this state shape."""
     kind = initializer_kind(state_shape)
-    return LearnedInit(kind, int(state_shape[-1]), init_params, tuple(options.items()))
+    features = initializer_features(state_shape)
+    return LearnedInit(kind, features, init_params, tuple(options.items()))

@@ -34,6 +34,8 @@ import numpy as np
 
 from deq_jax.neural_solver.initializer import LearnedInit
 from deq_jax.neural_solver.solver import neural_solver
+from deq_jax.neural_solver.state_shape import check_state_shape, state_shape_of
+from deq_jax.neural_solver.state_shape import to_json as state_shape_json
 from deq_jax.solvers.anderson import anderson
 from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.evaluate import Evaluator, read_train_seconds
@@ -181,7 +183,7 @@ def fit_report(
     fit_seconds = target_seconds + main.seconds
     return {
         "deq_workdir": spec.deq_workdir,
-        "state_shape": list(pool[0].z_star.shape[1:]),
+        "state_shape": state_shape_json(state_shape_of(pool[0].z_star)),
         "input_shape": list(pool[0].x.shape[1:]),
         "spec": dict(vars(spec)),
         "deq_params": deq_params,
@@ -274,7 +276,7 @@ def restore_solvers(
     """The fitted variants a solver run's ``workdir`` holds, from its report
     (``neural_solver.json``: the spec, the state and input shapes)."""
     spec = NeuralSolverSpec.from_config(report["spec"])
-    state_shape = tuple(report["state_shape"])
+    state_shape = check_state_shape(report["state_shape"])
     key = jax.random.PRNGKey(0)
     solvers = {}
     for name, (alpha_mode, use_init) in VARIANTS.items():

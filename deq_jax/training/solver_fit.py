@@ -29,8 +29,15 @@ import optax
 from deq_jax._sections import from_section
 from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
 from deq_jax.neural_solver.solver import init_neural_solver, neural_solver
+from deq_jax.neural_solver.state_shape import StateShape, state_shape_of
 from deq_jax.solvers.anderson import anderson
-from deq_jax.training.frozen_deq import FrozenDEQ, Targets, initializer_kind, learned_init
+from deq_jax.training.frozen_deq import (
+    FrozenDEQ,
+    Targets,
+    initializer_features,
+    initializer_kind,
+    learned_init,
+)
 from deq_jax.training.solver_train import train_neural_solver
 
 
@@ -132,17 +139,17 @@ class NeuralSolverSpec:
         """
         return round(num_steps * self.detached_steps / self.train_steps)
 
-    def init_options(self, state_shape: tuple[int, ...]) -> dict[str, Any]:
+    def init_options(self, state_shape: StateShape) -> dict[str, Any]:
         """The initialiser's keywords for this state (see `make_initializer`)."""
         kind = initializer_kind(state_shape)
         if kind == "sequence":
             return {"hidden": self.init_hidden or None, "kernel_size": self.init_kernel_size}
-        if kind == "image":
+        if kind in ("image", "multiscale"):
             return {"kernel_size": self.init_kernel_size}
         return {}
 
     def untrained_solver(
-        self, key: jax.Array, state_shape: tuple[int, ...], alpha_mode: str = "learned"
+        self, key: jax.Array, state_shape: StateShape, alpha_mode: str = "learned"
     ) -> neural_solver:
         """A fresh `neural_solver` with this section's network and stopping rule."""
         return init_neural_solver(
@@ -159,12 +166,13 @@ class NeuralSolverSpec:
             max_iter=self.max_iter,
         )
 
-    def initializer(self, state_shape: tuple[int, ...]) -> nn.Module:
+    def initializer(self, state_shape: StateShape) -> nn.Module:
         """The ``h_phi`` module for this state."""
         kind = initializer_kind(state_shape)
-        return make_initializer(kind, state_shape[-1], **self.init_options(state_shape))
+        features = initializer_features(state_shape)
+        return make_initializer(kind, features, **self.init_options(state_shape))
 
-    def learned_init(self, state_shape: tuple[int, ...], params: Any) -> LearnedInit:
+    def learned_init(self, state_shape: StateShape, params: Any) -> LearnedInit:
         """Trained ``h_phi`` variables frozen into a `LearnedInit` for this state."""
         return learned_init(state_shape, params, **self.init_options(state_shape))
 
@@ -245,7 +253,7 @@ def fit(
       A `SolverFit`.
     """
     key = jax.random.PRNGKey(spec.seed)
-    state_shape = tuple(pool[0].z_star.shape[1:])
+    state_shape = state_shape_of(pool[0].z_star)
     if start is not None:
         solver = start.solver
         init_params = None if start.init is None else start.init.params.tree

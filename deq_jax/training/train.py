@@ -125,6 +125,34 @@ def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
     return report
 
 
+def _warmup_step(model, pretrain_steps: int, task, run, mesh, regression: bool):
+    """The train step of the first ``train.pretrain_steps`` steps: the same parameters
+    run as the explicit weight-tied network (the model's ``mode="weight_tied"``), with
+    neither the Jacobian term nor the path-independence interventions (there is no
+    fixed point yet); ``None`` without a warm-up.
+
+    Raises:
+      ValueError: for a warm-up of a model without a ``"weight_tied"`` mode.
+    """
+    if not pretrain_steps:
+        return None
+    if not hasattr(model, "mode"):
+        raise ValueError(
+            f"train.pretrain_steps={pretrain_steps} runs a weight-tied warm-up, which "
+            f"{type(model).__name__} does not have (models with a mode='weight_tied': "
+            "mdeq, deq_transformer_lm); set train.pretrain_steps=0."
+        )
+    return make_train_step(
+        model.clone(mode="weight_tied"),
+        task.metrics,
+        run.schedule,
+        mesh,
+        regression=regression,
+        extras=task.batch_extras,
+        loss_fn=getattr(task, "loss", None),
+    )
+
+
 def train_and_evaluate(
     config: Any, workdir: str, *, emit: Callable[[str], None] = print
 ) -> RunResult:
@@ -192,6 +220,7 @@ def train_and_evaluate(
         return train_step, spectral_step, evaluator
 
     train_step, spectral_step, evaluator = build_steps(model)
+    warmup_step = _warmup_step(model, tc.get("pretrain_steps", 0), task, run, mesh, regression)
     solver_spec = NeuralSolverSpec.from_config(config.get("neural_solver", {}))
     alternating = None
     if solver_spec.alternating:
@@ -235,7 +264,10 @@ def train_and_evaluate(
                 spectral = jax.device_get(spectral_step(state, batch))
             else:
                 spectral = {}
-            state, metrics = train_step(state, batch)
+            warming = warmup_step is not None and step <= tc.pretrain_steps
+            state, metrics = (warmup_step if warming else train_step)(state, batch)
+            if warming and step == tc.pretrain_steps:
+                emit(f"step {step}: weight-tied warm-up done; solving for the fixed point now")
             metrics = {**jax.device_get(metrics), **spectral}
             loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
