@@ -21,7 +21,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 import deq_jax.tasks as tasks
-from deq_jax.tasks import images
+from deq_jax.tasks import image_records, images
 
 
 def test_digits_split_shapes_and_standardisation():
@@ -106,8 +106,9 @@ def cifar_dir(tmp_path_factory):
 
 
 def test_cifar10_reads_array_record_without_tensorflow(cifar_dir):
-    task = tasks.get("cifar10", data_dir=cifar_dir)
+    task = tasks.get("cifar10", data_dir=cifar_dir, valid_size=0, crop_padding=0, flip=False)
     task.prepare()
+    assert task.splits == ("train", "test") and not task.augments_training
     assert task.input_shape == (32, 32, 3) and task.num_classes == 10
     assert task.num_examples("train") == 12 and task.num_examples("test") == 5
     batch = next(task.train_iterator(4, seed=0))
@@ -127,9 +128,24 @@ def test_cifar10_reads_array_record_without_tensorflow(cifar_dir):
 
 
 def test_cifar10_resumes_deterministically(cifar_dir):
-    task = tasks.get("cifar10", data_dir=cifar_dir)
+    task = tasks.get("cifar10", data_dir=cifar_dir, valid_size=4)  # crops and flips
     it = task.train_iterator(4, seed=1)
     for _ in range(5):
         next(it)
     resumed = task.train_iterator(4, seed=1, start_step=5)
     np.testing.assert_array_equal(next(it)["inputs"], next(resumed)["inputs"])
+
+
+def test_cifar10_valid_split_cut_from_tfds_train(cifar_dir):
+    task = tasks.get("cifar10", data_dir=cifar_dir, valid_size=4, split_seed=3)
+    assert task.splits == ("train", "valid", "test") and task.augments_training
+    assert [task.num_examples(s) for s in task.splits] == [8, 4, 5]
+    keep, cut = image_records.valid_cut(12, 4, 3)
+    np.testing.assert_array_equal(task.source("valid").indices, cut)
+    full = images.cifar10_source("train", cifar_dir)
+    for split, positions in (("train", keep), ("valid", cut)):
+        batch = next(task.eval_iterator(split, 16))
+        expected = np.stack([full[int(i)]["inputs"] for i in positions])
+        np.testing.assert_array_equal(batch["inputs"][batch["mask"]], expected)
+    with pytest.raises(ValueError, match="valid_size 12 must be >= 0 and leave training"):
+        tasks.get("cifar10", data_dir=cifar_dir, valid_size=12).source("train")

@@ -34,6 +34,14 @@ and the row of the global batch, so it survives a resume and any process count.
 Prefix-sum batches are ``{"inputs": float32 [b, L, 1], "targets": int32 [b, L],
 "mask": bool [b], "index": int32 [b]}``; ``L`` differs between splits.
 
+Image classification (``"digits"``, ``"fashion_mnist"``, ``"mnist"``, ``"cifar10"``)
+batches are ``{"inputs": float32 [b, H, W, C], "targets": int32 [b], "mask", "index"}``
+with ``task.metrics = {"accuracy", "count"}``. The three real data sets are read from
+the files users download (MNIST-format idx files, CIFAR-10's python batches; or a
+prepared tfds cifar10), converted once to tfds ``array_record`` under ``data_dir``, cut
+into ``"train"``, ``"valid"`` and ``"test"``, and their training batches cropped and
+flipped per step (`deq_jax.tasks.image_files`).
+
 Language modelling (``"char_text"``, ``"wikitext"``) streams tokens instead of
 examples; its interface is in `deq_jax.tasks.text`.
 
@@ -48,7 +56,8 @@ from deq_jax._registry import Registry
 from deq_jax.tasks import data
 from deq_jax.tasks.blurry_digits import blurry_digits
 from deq_jax.tasks.edge_copy import edge_copy
-from deq_jax.tasks.images import cifar10, digits
+from deq_jax.tasks.image_files import cifar10, fashion_mnist, mnist
+from deq_jax.tasks.images import digits
 from deq_jax.tasks.matrix_inversion import matrix_inversion
 from deq_jax.tasks.mazes import mazes
 from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
@@ -63,6 +72,8 @@ register(prefix_sum.__name__, prefix_sum)
 register(synthetic_1d.__name__, synthetic_1d)
 register(digits.__name__, digits)
 register(cifar10.__name__, cifar10)
+register(fashion_mnist.__name__, fashion_mnist)
+register(mnist.__name__, mnist)
 register(mazes.__name__, mazes)
 register(edge_copy.__name__, edge_copy)
 register(matrix_inversion.__name__, matrix_inversion)

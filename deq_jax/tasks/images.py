@@ -1,20 +1,24 @@
-"""Image classification: scikit-learn's 8x8 digits and CIFAR-10, behind one interface.
+"""Image classification: scikit-learn's 8x8 digits, tfds' CIFAR-10, and `ImageTask`.
 
 * ``"digits"``: the 1,797 8x8 handwritten digits that ship with scikit-learn (no
   download). A stratified split from ``seed`` keeps 1,437 for training and 360 for
   testing. Pixels (0..16) are scaled to ``[0, 1]`` and standardised with the training
   split's mean and standard deviation.
-* ``"cifar10"``: the tfds ``cifar10`` dataset, read through ``builder.as_data_source()``
+* tfds' ``cifar10`` (`cifar10_source`), read through ``builder.as_data_source()``
   (random access to ``array_record`` files, decoded with PIL; TensorFlow is never
   imported). The data must already be prepared under ``data_dir`` in the
   ``array_record`` format, e.g. with ``tfds build cifar10 --file_format=array_record``
-  on a machine with TensorFlow and a network; pass ``download=True`` to let
-  `ImageTask.prepare` do that. Images are decoded per batch, scaled to ``[0, 1]`` and
-  standardised per channel with the usual CIFAR-10 statistics.
+  on a machine with TensorFlow and a network. Images are decoded per batch, scaled to
+  ``[0, 1]`` and standardised per channel with the usual CIFAR-10 statistics. The
+  registry's ``"cifar10"`` task reads it with ``dir=""``; that task and the ones read
+  from downloaded files (Fashion-MNIST, MNIST, CIFAR-10's python batches) are built in
+  `deq_jax.tasks.image_files`.
 
-Batches are ``{"inputs": float32 [b, H, W, C], "targets": int32 [b], "mask": bool [b],
-"index": int32 [b]}``; `ImageTask.metrics` takes logits ``[B, 10]`` and returns the
-accuracy.
+`ImageTask` puts a data set behind the task interface: its splits (``"train"`` and
+``eval_splits``), sources built once per split, and training batches augmented with
+random crops and flips (`deq_jax.tasks.image_augment`) where asked. Batches are
+``{"inputs": float32 [b, H, W, C], "targets": int32 [b], "mask": bool [b], "index":
+int32 [b]}``; `ImageTask.metrics` takes logits ``[B, 10]`` and returns the accuracy.
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -31,7 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 import tensorflow_datasets as tfds
 
+from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.image_augment import CropFlip
 
 TRAIN, TEST = "train", "test"
 SPLITS = (TRAIN, TEST)
@@ -157,32 +163,82 @@ def cifar10_source(split: str, data_dir: str | None = None) -> ImageRecords:
     return ImageRecords(builder.as_data_source(split=split), CIFAR10_MEAN, CIFAR10_STD)
 
 
+class Subset:
+    """The examples ``indices`` of a random-access source, as a source of their own.
+
+    Keeps the source's standardisation statistics ``mean`` and ``std`` (an
+    `ImageRecords` has them), which the crop of `ImageTask.augment_train_batch` reads.
+
+    Args:
+      source: a random-access source (``len``, ``[i]``, ``__getitems__``).
+      indices: ``[M]`` positions in ``source``; example ``i`` here is ``indices[i]`` there.
+    """
+
+    def __init__(self, source: Any, indices: np.ndarray):
+        self.source, self.indices = source, np.asarray(indices, np.int64)
+        self.mean, self.std = source.mean, source.std
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self.source[int(self.indices[index])]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return self.source.__getitems__([int(i) for i in self.indices[list(indices)]])
+
+
 class ImageTask(Task):
     """An image classification task behind the uniform task interface.
 
     Args:
-      name: the registry name (``"digits"`` or ``"cifar10"``).
-      input_shape: one image's shape ``(H, W, C)``.
+      name: the registry name (``"digits"``, ``"cifar10"``, ``"fashion_mnist"``, ...).
+      input_shape: one image's shape ``(H, W, C)``, or a function returning it (called
+        once, when first asked: file-backed tasks read it from the files' headers).
       sources: ``split -> source`` (a dict of arrays or a record source), built once.
       prepare_fn: makes the data available (a no-op for generated ones).
       num_classes: the number of labels.
+      eval_splits: the evaluation splits, ``("test",)`` or ``("valid", "test")``.
+      augment: how training batches are augmented (`image_augment.CropFlip`; None
+        changes nothing). An augmenting task's training source has ``mean`` and
+        ``std`` (as `ImageRecords` and the file tasks' sources do): the crop's black
+        padding is ``-mean / std`` in standardised pixels.
     """
 
     train_split = TRAIN
-    eval_splits = (TEST,)
-    splits = SPLITS
 
     def __init__(
         self,
         name: str,
-        input_shape: tuple[int, int, int],
+        input_shape: tuple[int, int, int] | Callable[[], tuple[int, int, int]],
         sources: Callable[[str], Any],
         prepare_fn: Callable[[], None],
         num_classes: int = 10,
+        *,
+        eval_splits: tuple[str, ...] = (TEST,),
+        augment: CropFlip | None = None,
     ):
-        self.name, self.input_shape, self.num_classes = name, input_shape, num_classes
+        self.name, self._input_shape, self.num_classes = name, input_shape, num_classes
         self._make_source, self._prepare = sources, prepare_fn
+        self._eval_splits, self.augment = tuple(eval_splits), augment or CropFlip()
         self._sources: dict[str, Any] = {}
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """The evaluation splits."""
+        return self._eval_splits
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """One image's shape ``(H, W, C)``."""
+        if callable(self._input_shape):
+            self._input_shape = tuple(self._input_shape())
+        return self._input_shape
+
+    def check_split(self, split: str) -> None:
+        """Raises a ValueError listing the valid splits for an unknown one."""
+        if split not in self.splits:
+            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
 
     def prepare(self) -> None:
         """Makes the data available (see the module docstring)."""
@@ -190,10 +246,43 @@ class ImageTask(Task):
 
     def source(self, split: str) -> Any:
         """The model-ready source of ``split``, built once."""
-        check_split(split)
+        self.check_split(split)
         if split not in self._sources:
             self._sources[split] = self._make_source(split)
         return self._sources[split]
+
+    @property
+    def augments_training(self) -> bool:
+        """True with a crop or flips (`augment`)."""
+        return self.augment.active
+
+    def augment_train_batch(
+        self,
+        batch: data.Batch,
+        *,
+        seed: int,
+        step: int,
+        batch_size: int,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> data.Batch:
+        """``batch`` with its images cropped and flipped (`image_augment.CropFlip`).
+
+        Each image's crop and flip are a pure function of ``(seed, step, its row in the
+        global batch)``; labels, mask and index are unchanged.
+        """
+        train = self.source(self.train_split)
+        pad_value = -np.asarray(train.mean, np.float32) / np.asarray(train.std, np.float32)
+        inputs = self.augment(
+            batch["inputs"],
+            seed=seed,
+            step=step,
+            batch_size=batch_size,
+            process_index=process_index,
+            process_count=process_count,
+            pad_value=pad_value,
+        )
+        return {**batch, "inputs": inputs}
 
     @staticmethod
     def metrics(logits, targets, mask=None) -> dict:
@@ -216,21 +305,3 @@ def digits(*, seed: int = 0, data_dir: str | None = None) -> ImageTask:
         return arrays[split]
 
     return ImageTask("digits", (8, 8, 1), source, lambda: None)
-
-
-def cifar10(*, data_dir: str | None = None, download: bool = False) -> ImageTask:
-    """The CIFAR-10 task; the registry's constructor.
-
-    Args:
-      data_dir: the tfds data directory (default ``~/tensorflow_datasets``).
-      download: let `ImageTask.prepare` download and build the data when missing
-        (needs a network, and TensorFlow to encode the images).
-    """
-
-    def prepare() -> None:
-        builder = cifar10_builder(data_dir)
-        if download and not builder.is_prepared():
-            builder.download_and_prepare(file_format="array_record")
-        cifar10_source(TRAIN, data_dir)
-
-    return ImageTask("cifar10", (32, 32, 3), lambda split: cifar10_source(split, data_dir), prepare)
