@@ -1,0 +1,136 @@
+"""MDEQ-TINY on Fashion-MNIST: the multiscale DEQ of Bai et al. (2020) on real images.
+
+Two resolutions (28x28 and 14x14, 24 channels each: locuslab's ``cls_mdeq_TINY``),
+a weight-tied warm-up (``train.pretrain_steps``), then Anderson forward with the
+implicit (IFT) backward (`deq_jax.models.mdeq.MDEQ`). The data are the four idx files
+of Debian's ``dataset-fashion-mnist`` (``apt-get install dataset-fashion-mnist``; or
+``--config.task.dir=`` any directory holding them), converted once to tfds
+array_record under ``{workdir}/data``; 5,000 training images are held out as the
+validation split that settings are chosen on, the test split is read once at the end.
+Run it with::
+
+    python -m launch.main --config configs/mdeq_fashion_mnist.py --workdir /tmp/mdeq_fm
+
+Variants (``:a,b``): ``smoke`` (a few steps on a narrow model, under a minute),
+``explicit`` (the same network weight-tied and unrolled ``n_layer`` steps, backprop:
+the explicit baseline), ``jacobian`` (the Jacobian regulariser of Bai et al. 2021),
+``torchdeq`` (torchdeq's recipe: a few damped phantom-gradient steps instead of the
+IFT), ``broyden`` (Broyden forward, as locuslab), ``gpu`` (a longer run for an
+accelerator). The throughput and the memory of a training step::
+
+    python -m launch.step_cost --config configs/mdeq_fashion_mnist.py --workdir /tmp/cost
+
+References:
+  Bai, Koltun & Kolter, "Multiscale Deep Equilibrium Models", NeurIPS 2020.
+  Bai, Koltun & Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
+  ICML 2021 (Table 3).
+  Geng et al., "TorchDEQ: A Library for Deep Equilibrium Models", 2023.
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default
+
+VARIANTS = ("smoke", "explicit", "jacobian", "torchdeq", "broyden", "gpu")
+
+
+def variants(arg: str | None) -> list[str]:
+    """The variants of a config argument such as ``"smoke,jacobian"``.
+
+    Raises:
+      ValueError: for an unknown or repeated variant.
+    """
+    names = [n for n in (arg or "").split(",") if n]
+    for name in names:
+        default.variant(name, VARIANTS)
+    if len(set(names)) != len(names):
+        raise ValueError(f"Config argument {arg!r} repeats a variant.")
+    return names
+
+
+def mdeq_config(names: list[str]) -> ConfigDict:
+    """The MDEQ sections shared by the Fashion-MNIST and CIFAR-10 configs: TINY,
+    Anderson + IFT, the warm-up, and the variants of ``names`` (but ``smoke``, which
+    each data set shrinks its own way)."""
+    from deq_jax.models.mdeq import TINY
+
+    config = default.get_config()
+    config.model = ConfigDict(dict(name="mdeq", num_classes=10, mode="deq", **TINY))
+    config.model.channels = tuple(config.model.channels)
+    config.model.head_channels = tuple(config.model.head_channels)
+    config.deq.update(dict(train_max_iter=12, eval_max_iter=18))
+    config.deq.solver.update(dict(name="anderson", tol=1e-3))
+    config.deq.backward.ift.update(dict(max_iter=12))
+    config.train.update(
+        dict(
+            optimizer="adam",
+            learning_rate=1e-3,
+            weight_decay=0.0,
+            schedule="cosine",
+            warmup_steps=100,
+            grad_clip_norm=1.0,
+        )
+    )
+    config.eval.update(dict(splits=("valid",), budget_multipliers=(1, 2)))
+    config.regularizer.update(dict(jacobian_samples=1))
+    if "explicit" in names:
+        config.model.mode = "weight_tied"
+        config.train.pretrain_steps = 0
+    if "jacobian" in names:
+        # locuslab's regularised CIFAR recipe: gamma 2 on every step... scaled per the
+        # per-dimension estimate of `deq_jax.regularizers` (||J||_F^2 / d)
+        config.regularizer.update(dict(jacobian_weight=2.0, jacobian_freq=1.0))
+    if "torchdeq" in names:
+        config.deq.backward.name = "phantom"
+        config.deq.backward.phantom.update(dict(k=5, tau=0.8))
+    if "broyden" in names:
+        config.deq.solver.name = "broyden"
+    return config
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The Fashion-MNIST config with the variants of ``arg`` (module docstring)."""
+    names = variants(arg)
+    config = mdeq_config(names)
+    config.task = ConfigDict(
+        dict(
+            name="fashion_mnist",
+            data_dir="",
+            dir="/usr/share/datasets/fashion-mnist",
+            valid_size=5_000,
+            split_seed=0,
+            crop_padding=2,
+            flip=True,
+            image_size=28,
+        )
+    )
+    config.train.update(dict(steps=1_500, batch_size=64))
+    if config.model.mode == "deq":
+        config.train.pretrain_steps = 300
+    config.eval.update(dict(every_steps=500, batch_size=500))
+    config.ckpt.every_steps = 250
+    config.log.every_steps = 50
+    if "gpu" in names:
+        config.train.update(dict(steps=8_600, batch_size=128, warmup_steps=300))  # 20 epochs
+        if config.model.mode == "deq":
+            config.train.pretrain_steps = 1_000
+        config.eval.update(dict(every_steps=2_150))
+        config.ckpt.every_steps = 2_150
+        config.log.every_steps = 200
+    if "smoke" in names:
+        default.smoke(
+            config,
+            steps=4,
+            batch_size=8,
+            warmup_steps=1,
+            eval_every=2,
+            eval_batch_size=50,
+            budgets=(4, 4),
+        )
+        config.model.update(dict(channels=(8, 8), head_channels=(4, 4), final_channels=16))
+        config.model.num_groups = 4
+        config.deq.backward.ift.max_iter = 4
+        if config.model.mode == "deq":
+            config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
+        config.task.valid_size = 1_000
+    return config
