@@ -16,7 +16,9 @@ Registered (``models.get(name, deq=spec, **fields)``): ``prefix_sum_deq``
 `deq_jax.models.mazes`), ``edge_copy_deq`` and ``matrix_inversion_deq``
 (`deq_jax.models.reasoning`), ``synthetic_1d_deq`` (`Synthetic1DDEQ`, the
 200-parameter DEQ of Bai et al. 2021, `deq_jax.models.synthetic`), ``digits_deq``
-(`DigitsDEQ`, `deq_jax.models.vision`, also used for blurry digits), ``clrs_deq``
+(`DigitsDEQ`, `deq_jax.models.vision`, also used for blurry digits), ``mdeq``
+(`MDEQ`, `deq_jax.models.mdeq`: the multiscale DEQ image classifier, sizes ``TINY``,
+``SMALL`` and ``LARGE`` to unpack into ``get``), ``clrs_deq``
 (`deq_jax.models.clrs`, CLRS algorithms run as a DEQ) and ``deq_transformer_lm``
 (`DEQTransformerLM`, `deq_jax.models.language`: the DEQ-Transformer language model,
 which returns an `LMOutput` and takes ``mems`` and ``targets``).
@@ -28,12 +30,14 @@ References:
   Problems with Recurrent Networks", NeurIPS 2021.
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
   Computation", NeurIPS 2022.
+  Bai, Koltun & Kolter, "Multiscale Deep Equilibrium Models", NeurIPS 2020.
 """
 
 from deq_jax._registry import Registry
 from deq_jax.models.clrs.model import ClrsModel
 from deq_jax.models.language import DEQTransformerLM, LMOutput
 from deq_jax.models.mazes import MazeDEQ
+from deq_jax.models.mdeq import MDEQ
 from deq_jax.models.reasoning import EdgeCopyDEQ, MatrixInversionDEQ
 from deq_jax.models.recall import PrefixSumDEQ, RecallDEQ
 from deq_jax.models.synthetic import ScalarReLUCell, Synthetic1DDEQ
@@ -45,6 +49,7 @@ register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
 register("prefix_sum_deq", PrefixSumDEQ)
 register("synthetic_1d_deq", Synthetic1DDEQ)
 register("digits_deq", DigitsDEQ)
+register("mdeq", MDEQ)
 register("maze_deq", MazeDEQ)
 register("edge_copy_deq", EdgeCopyDEQ)
 register("matrix_inversion_deq", MatrixInversionDEQ)
@@ -57,6 +62,7 @@ __all__ = [
     "DigitsDEQ",
     "EdgeCopyDEQ",
     "LMOutput",
+    "MDEQ",
     "MatrixInversionDEQ",
     "MazeDEQ",
     "PrefixSumDEQ",

@@ -4,7 +4,8 @@
 as its `DEQSpec` says (solver, backward mode, initial state, budgets); the
 cells (`MLPCell`, `Conv1DCell`, `Conv2DCell`), weight and spectral normalisation and
 `VariationalDropout` (one mask for every iteration) are building blocks for cells.
-`deq_call`, `outputs_at` and `settled_apply` intercept a whole model's DEQ call.
+`deq_call`, `outputs_at` and `settled_apply` intercept a whole model's DEQ call;
+`run_tied` and `run_untied` unroll cells explicitly (weight-tied and untied stacks).
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -17,6 +18,7 @@ from deq_jax.nn.intercept import DEQCall, argmax_answer, deq_call, outputs_at, s
 from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
 from deq_jax.nn.spec import Z_INITS, DEQSpec
 from deq_jax.nn.state import initial_state, state_like
+from deq_jax.nn.unroll import run_tied, run_untied
 
 __all__ = [
     "DEQ",
@@ -35,6 +37,8 @@ __all__ = [
     "deq_call",
     "initial_state",
     "outputs_at",
+    "run_tied",
+    "run_untied",
     "settled_apply",
     "state_like",
     "weight_norm_kernel",
