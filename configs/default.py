@@ -40,7 +40,8 @@ Sections:
     are auto-detected on TPU pods and SLURM when left empty, 0 and -1).
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
-    ``budget_multipliers`` times the train budget.
+    ``budget_multipliers`` times the train budget (on every batch of each split, or
+    at most ``report_max_batches`` of them: a smoke run's cap).
   regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
     (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
@@ -234,6 +235,7 @@ def get_config() -> ConfigDict:
             batch_size=250,
             splits=(),
             max_batches=0,
+            report_max_batches=0,
             budget_multipliers=(1, 2, 4),
         )
     )

@@ -133,4 +133,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         if config.model.mode == "deq":
             config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
         config.task.valid_size = 1_000
+        config.eval.report_max_batches = 2
     return config

@@ -109,8 +109,10 @@ def _budgets(config: Any) -> dict[str, int]:
 
 
 def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
-    """The per-length report at every budget; written as ``{split}_{budget}`` metrics."""
-    evaluator.max_batches = 0
+    """The per-length report at every budget; written as ``{split}_{budget}`` metrics.
+    Every batch of each split counts unless ``eval.report_max_batches`` caps them (a
+    smoke run's seconds-long report)."""
+    evaluator.max_batches = config.eval.get("report_max_batches", 0)
     step = int(state.step)
     report = evaluate.length_report(evaluator, state, splits, _budgets(config))
     for budget, by_split in report.items():
