@@ -129,7 +129,9 @@ def measure(
                 lambda variables, x, model=model: model.apply(variables, x, train=False)[0]
             )
             variables = holder["state"].variables()
-            eval_seconds = _median_seconds(lambda: forward(variables, batch["inputs"]), repeats)
+            eval_seconds = _median_seconds(
+                lambda f=forward, v=variables: f(v, batch["inputs"]), repeats
+            )
             rows.append(
                 {
                     "backward": backward,
