@@ -17,14 +17,15 @@ seconds=${2:-330}
 data=${3:-/usr/share/datasets/fashion-mnist}
 config=${CONFIG:-configs/mdeq_fashion_mnist.py:gpu}
 extra=${EXTRA:-}
+py=${PYTHON:-python3}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$out"
 runs=("deq 0" "deq 1" "deq 2" "explicit 0" "jacobian 0")
 
-python -m launch.step_cost --config "$config" --workdir "$out/cost_tiny" --budgets 12 \
+"$py" -m launch.step_cost --config "$config" --workdir "$out/cost_tiny" --budgets 12 \
   --backwards ift --repeats 5 --synthetic --input_shape 28,28,1 $extra 2>&1 | tail -3
-step_s=$(python -c "import json; print(json.load(open('$out/cost_tiny/step_cost.json'))['rows'][0]['train_seconds'])")
-steps=$(python -c "print(max(20, int($seconds / ($step_s * ${#runs[@]} * 1.3)) // 10 * 10))")
+step_s=$("$py" -c "import json; print(json.load(open('$out/cost_tiny/step_cost.json'))['rows'][0]['train_seconds'])")
+steps=$("$py" -c "print(max(20, int($seconds / ($step_s * ${#runs[@]} * 1.3)) // 10 * 10))")
 echo "train step ${step_s}s alone; ${#runs[@]} runs of $steps steps each"
 
 for run in "${runs[@]}"; do
@@ -32,7 +33,7 @@ for run in "${runs[@]}"; do
   variant=$1 seed=$2
   suffix=""; [ "$variant" != deq ] && suffix=",$variant"
   pre=$((steps / 8)); [ "$variant" = explicit ] && pre=0
-  python -m launch.main --config "$config$suffix" --workdir "$out/${variant}_s$seed" \
+  "$py" -m launch.main --config "$config$suffix" --workdir "$out/${variant}_s$seed" \
     --config.task.dir="$data" --config.train.seed="$seed" --config.train.steps="$steps" \
     --config.train.pretrain_steps="$pre" --config.train.warmup_steps=$((steps / 20)) \
     --config.eval.every_steps="$steps" --config.ckpt.every_steps="$steps" \
@@ -40,6 +41,6 @@ for run in "${runs[@]}"; do
 done
 wait
 grep -h -A6 "Per-length" "$out"/*_s*.log || true
-timeout 100 python -m launch.step_cost --config configs/mdeq_cifar10.py:small \
+timeout 100 "$py" -m launch.step_cost --config configs/mdeq_cifar10.py:small \
   --workdir "$out/cost_small" --budgets 26 --backwards ift --repeats 3 --synthetic \
   --input_shape 32,32,3 2>&1 | tail -3 || echo "SMALL throughput: timed out"
