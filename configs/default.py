@@ -85,6 +85,30 @@ def variant(arg: str | None, valid: tuple[str, ...] = ("smoke",)) -> str:
     return arg
 
 
+def variants(
+    arg: str | None, valid: tuple[str, ...], exclusive: dict[str, tuple[str, ...]] | None = None
+) -> tuple[str, ...]:
+    """The variants of a comma-separated config argument such as ``"smoke,jacobian"``.
+
+    Args:
+      arg: the config argument (``None`` or ``""``: no variant).
+      valid: the variant names the config knows.
+      exclusive: groups of which at most one may be named, e.g. ``{"mode": (...)}``.
+
+    Raises:
+      ValueError: for an unknown or repeated name, or two names of one group.
+    """
+    names = tuple(v.strip() for v in (arg or "").split(",") if v.strip())
+    for name in names:
+        variant(name, valid)
+    if len(set(names)) != len(names):
+        raise ValueError(f"Config argument {arg!r} repeats a variant.")
+    for kind, group in (exclusive or {}).items():
+        if sum(name in group for name in names) > 1:
+            raise ValueError(f"Config argument {arg!r} names more than one {kind}.")
+    return names
+
+
 def smoke(
     config: ConfigDict,
     *,

@@ -56,15 +56,7 @@ def variants(arg: str | None) -> tuple[str, ...]:
     Raises:
       ValueError: for an unknown or repeated name, two modes or two sizes.
     """
-    names = tuple(v.strip() for v in (arg or "").split(",") if v.strip())
-    for name in names:
-        default.variant(name, VARIANTS)
-    if len(set(names)) != len(names):
-        raise ValueError(f"Config argument {arg!r} repeats a variant.")
-    for kind, group in (("mode", MODES), ("size", SIZES)):
-        if sum(name in group for name in names) > 1:
-            raise ValueError(f"Config argument {arg!r} names more than one {kind}.")
-    return names
+    return default.variants(arg, VARIANTS, {"mode": MODES, "size": SIZES})
 
 
 def lm_config() -> ConfigDict:

@@ -36,11 +36,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     """The CIFAR-10 config with the variants of ``arg`` (module docstring)."""
     from deq_jax.models.mdeq import SMALL
 
-    names = [n for n in (arg or "").split(",") if n]
-    for name in names:
-        default.variant(name, VARIANTS)
-    if len(set(names)) != len(names):
-        raise ValueError(f"Config argument {arg!r} repeats a variant.")
+    names = default.variants(arg, VARIANTS)
     config = mdeq_fashion_mnist.mdeq_config(names)
     config.task = ConfigDict(
         dict(

@@ -36,7 +36,9 @@ from launch import main as launch_main
 
 _BUDGETS = flags.DEFINE_list("budgets", ["18", "36", "72"], "Forward budgets.")
 _BACKWARDS = flags.DEFINE_list("backwards", ["ift", "unrolled"], "Backward modes.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed steps per setting (median kept).")
+_REPEATS = flags.DEFINE_integer(
+    "repeats", 3, "Timed steps per setting (median kept); 0: compile only (memory, no times)."
+)
 _SYNTHETIC = flags.DEFINE_bool("synthetic", False, "Random images instead of the task's.")
 _INPUT_SHAPE = flags.DEFINE_list("input_shape", [], "H,W,C of synthetic images.")
 
@@ -79,6 +81,29 @@ def _batch(config, workdir: str, synthetic: bool, input_shape: Sequence[int]):
     return batch, task.metrics
 
 
+def _times(model, step, state, batch, repeats: int) -> dict:
+    """Median seconds and images per second of the train step and an eval forward."""
+    import jax
+
+    holder = {"state": state}
+
+    def train_once():
+        holder["state"], metrics = step(holder["state"], batch)
+        return metrics
+
+    train_seconds = _median_seconds(train_once, repeats)
+    forward = jax.jit(lambda variables, x: model.apply(variables, x, train=False)[0])
+    variables = holder["state"].variables()
+    eval_seconds = _median_seconds(lambda: forward(variables, batch["inputs"]), repeats)
+    b = batch["inputs"].shape[0]
+    return {
+        "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
+        "train_images_per_second": b / train_seconds,
+        "eval_images_per_second": b / eval_seconds,
+    }
+
+
 def measure(
     config,
     workdir: str,
@@ -88,7 +113,8 @@ def measure(
     synthetic: bool = False,
     input_shape: Sequence[int] = (),
 ) -> list[dict]:
-    """``[{backward, budget, temp_bytes, train_seconds, eval_seconds, ...}]`` per setting."""
+    """``[{backward, budget, temp_bytes, train_seconds, eval_seconds, ...}]`` per setting
+    (without the times for ``repeats=0``)."""
     import jax
     import jax.numpy as jnp
 
@@ -118,35 +144,18 @@ def measure(
             step = make_train_step(model, metrics_fn, schedule, mesh)
             compiled = step.lower(state, batch).compile()
             memory = compiled.memory_analysis()
-            holder = {"state": state}
-
-            def train_once(holder=holder, step=step):
-                holder["state"], metrics = step(holder["state"], batch)
-                return metrics
-
-            train_seconds = _median_seconds(train_once, repeats)
-            forward = jax.jit(
-                lambda variables, x, model=model: model.apply(variables, x, train=False)[0]
-            )
-            variables = holder["state"].variables()
-            eval_seconds = _median_seconds(
-                lambda f=forward, v=variables: f(v, batch["inputs"]), repeats
-            )
-            rows.append(
-                {
-                    "backward": backward,
-                    "budget": budget,
-                    "batch_size": b,
-                    "temp_bytes": int(memory.temp_size_in_bytes),
-                    "argument_bytes": int(memory.argument_size_in_bytes),
-                    "train_seconds": train_seconds,
-                    "eval_seconds": eval_seconds,
-                    "train_images_per_second": b / train_seconds,
-                    "eval_images_per_second": b / eval_seconds,
-                    "device": jax.devices()[0].device_kind,
-                    "device_count": jax.device_count(),
-                }
-            )
+            row = {
+                "backward": backward,
+                "budget": budget,
+                "batch_size": b,
+                "temp_bytes": int(memory.temp_size_in_bytes),
+                "argument_bytes": int(memory.argument_size_in_bytes),
+                "device": jax.devices()[0].device_kind,
+                "device_count": jax.device_count(),
+            }
+            if repeats:
+                row.update(_times(model, step, state, batch, repeats))
+            rows.append(row)
     return rows
 
 
@@ -169,11 +178,13 @@ def main(argv: Sequence[str]) -> None:
         f"{'train img/s':>12s} {'eval img/s':>11s}"
     )
     for r in rows:
-        print(
-            f"{r['backward']:10s} {r['budget']:6d} {r['temp_bytes'] / 2**20:12.1f} "
+        times = (
             f"{r['train_seconds']:8.3f} {r['train_images_per_second']:12.1f} "
             f"{r['eval_images_per_second']:11.1f}"
+            if "train_seconds" in r
+            else f"{'-':>8s} {'-':>12s} {'-':>11s}"
         )
+        print(f"{r['backward']:10s} {r['budget']:6d} {r['temp_bytes'] / 2**20:12.1f} {times}")
     path = os.path.join(workdir, "step_cost.json")
     with open(path, "w") as f:
         json.dump({"rows": rows}, f, indent=2)

@@ -1,0 +1,45 @@
+"""A neural solver (HyperAnderson + a multiscale initialiser) for a trained CIFAR-10 MDEQ.
+
+As ``configs/mdeq_fashion_mnist_hypersolver.py``, for ``configs/mdeq_cifar10.py`` (pass
+the same variants, e.g. ``:small``)::
+
+    python -m launch.main --config configs/mdeq_cifar10.py --workdir /tmp/mdeq_c10 \\
+        --config.task.dir=$HOME/data/cifar-10-batches-py
+    python -m launch.main --config configs/mdeq_cifar10_hypersolver.py \\
+        --workdir /tmp/mdeq_c10_solver --config.neural_solver.deq_workdir=/tmp/mdeq_c10 \\
+        --config.task.dir=$HOME/data/cifar-10-batches-py
+    python -m launch.solver_pareto --config configs/mdeq_cifar10_hypersolver.py \\
+        --workdir /tmp/mdeq_c10_solver --config.neural_solver.deq_workdir=/tmp/mdeq_c10 \\
+        --config.task.dir=$HOME/data/cifar-10-batches-py
+
+The paper's 3x3 initialiser is affordable at these sizes (SMALL: 14.8M parameters).
+
+References:
+  Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 5.2).
+"""
+
+from ml_collections import ConfigDict
+
+from configs import default, mdeq_cifar10
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    """The CIFAR-10 MDEQ solver config; ``arg``: the variants of `configs.mdeq_cifar10`."""
+    config = mdeq_cifar10.get_config(arg)
+    smoke = "smoke" in (arg or "").split(",")
+    return default.hypersolver(
+        config,
+        "smoke" if smoke else "",
+        hidden=16,
+        init_kernel_size=3,
+        pool="mean",
+        unroll_steps=10,
+        tol=1e-3,
+        max_iter=40,
+        train_steps=500,
+        detached_steps=300,
+        batch_size=32,
+        target_batches=8,
+        target_max_iter=80,
+        max_target_residual=2e-2,
+    )
