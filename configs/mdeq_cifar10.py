@@ -66,20 +66,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.deq.update(dict(train_max_iter=26, eval_max_iter=26))
         config.deq.backward.ift.max_iter = 27
     if "smoke" in names:
-        default.smoke(
-            config,
-            steps=4,
-            batch_size=8,
-            warmup_steps=1,
-            eval_every=2,
-            eval_batch_size=50,
-            budgets=(4, 4),
-        )
-        config.model.update(dict(channels=(8, 8), head_channels=(4, 4), final_channels=16))
-        config.model.num_groups = 4
-        config.deq.backward.ift.max_iter = 4
-        if config.model.mode == "deq":
-            config.train.pretrain_steps = 2
-        config.task.valid_size = 100
-        config.eval.report_max_batches = 2
+        mdeq_fashion_mnist.mdeq_smoke(config, valid_size=100)
     return config

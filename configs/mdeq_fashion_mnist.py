@@ -83,6 +83,28 @@ def mdeq_config(names: tuple[str, ...]) -> ConfigDict:
     return config
 
 
+def mdeq_smoke(config: ConfigDict, valid_size: int) -> ConfigDict:
+    """Shrinks an MDEQ config to seconds: 4 steps of 8 (the first 2 weight-tied for a
+    DEQ), two resolutions of 8 channels, budgets of 4, a 2-batch final report."""
+    default.smoke(
+        config,
+        steps=4,
+        batch_size=8,
+        warmup_steps=1,
+        eval_every=2,
+        eval_batch_size=50,
+        budgets=(4, 4),
+    )
+    config.model.update(dict(channels=(8, 8), head_channels=(4, 4), final_channels=16))
+    config.model.num_groups = 4
+    config.deq.backward.ift.max_iter = 4
+    if config.model.mode == "deq":
+        config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
+    config.task.valid_size = valid_size
+    config.eval.report_max_batches = 2
+    return config
+
+
 def get_config(arg: str | None = None) -> ConfigDict:
     """The Fashion-MNIST config with the variants of ``arg`` (module docstring)."""
     names = variants(arg)
@@ -114,20 +136,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.ckpt.every_steps = 2_150
         config.log.every_steps = 200
     if "smoke" in names:
-        default.smoke(
-            config,
-            steps=4,
-            batch_size=8,
-            warmup_steps=1,
-            eval_every=2,
-            eval_batch_size=50,
-            budgets=(4, 4),
-        )
-        config.model.update(dict(channels=(8, 8), head_channels=(4, 4), final_channels=16))
-        config.model.num_groups = 4
-        config.deq.backward.ift.max_iter = 4
-        if config.model.mode == "deq":
-            config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
-        config.task.valid_size = 1_000
-        config.eval.report_max_batches = 2
+        mdeq_smoke(config, valid_size=1_000)
     return config
