@@ -203,6 +203,7 @@ def test_adaptive_softmax_normalises_and_matches_nll(cutoffs, div_val, tie):
 # Gradients
 
 
+@pytest.mark.slow
 def test_stacked_gradient_matches_finite_differences(x64):
     model = tiny(mode="weight_tied", dtype=jnp.float64, cutoffs=(6,), div_val=2)
     variables = init(model)

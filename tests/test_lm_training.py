@@ -134,6 +134,7 @@ def _launch(module, *args):
     )
 
 
+@pytest.mark.slow
 def test_sample_launch_and_bad_prompt(corpus, trained):
     workdir, _, _ = trained
     common = [
@@ -156,6 +157,7 @@ def _solver_config(corpus, workdir):
     return config
 
 
+@pytest.mark.slow
 def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
     workdir, _, _ = trained
     config = _solver_config(corpus, workdir)
@@ -228,6 +230,7 @@ def _run_devices(devices, workdir, corpus):
     return json.loads(line[len("RESULT ") :])
 
 
+@pytest.mark.slow
 def test_same_numbers_on_one_and_eight_devices(corpus, tmp_path):
     one = _run_devices(1, tmp_path / "one", corpus)
     eight = _run_devices(8, tmp_path / "eight", corpus)
@@ -261,6 +264,7 @@ def test_jacobian_term_needs_a_training_solve(corpus, tmp_path):
         train_language_model(config, str(tmp_path), emit=lambda _: None)
 
 
+@pytest.mark.slow
 def test_wikitext_smoke(tmp_path):
     words = "the cat sat on a mat and the dog ran to the park with a red ball".split()
     rng = np.random.default_rng(1)

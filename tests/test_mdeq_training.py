@@ -119,3 +119,17 @@ def test_configs_fit_the_data_and_the_paper():
         mdeq_cifar10.get_config("small,small")
     for module in (mdeq_fashion_mnist, mdeq_cifar10, mdeq_fashion_mnist_hypersolver):
         assert "python -m launch.main --config configs/" in module.__doc__
+
+
+@pytest.mark.slow
+def test_cifar10_smoke_on_python_batches(tmp_path):
+    from test_tasks_cifar_files import write_cifar_dir
+
+    cifar_dir = str(tmp_path / "cifar-10-batches-py")
+    write_cifar_dir(cifar_dir)
+    config = mdeq_cifar10.get_config("smoke")
+    config.task.update(dict(dir=cifar_dir, data_dir=str(tmp_path / "data"), valid_size=8))
+    config.eval.batch_size = 8
+    result = train_and_evaluate(config, str(tmp_path / "run"), emit=lambda _: None)
+    assert result.step == config.train.steps
+    assert set(result.report["1x"]) == {"valid", "test"}

@@ -207,6 +207,7 @@ def test_evaluator_with_settle_patience(tmp_path):
         make_eval_step(run.model, run.task.metrics, run.mesh, regression=True, settle=SettleRule(2))
 
 
+@pytest.mark.slow
 def test_training_evaluates_with_the_configured_patience(tmp_path):
     from deq_jax.training import Evaluator, SettleRule, restore_trained, train_and_evaluate
 

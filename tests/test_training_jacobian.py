@@ -352,6 +352,7 @@ def test_configs_document_their_commands(module):
         module.get_config("huge")
 
 
+@pytest.mark.slow
 def test_report_synthetic_core_and_plots(tmp_path):
     config = synthetic_1d.get_config("smoke")
     section = jacobian_report.synthetic_section(config, str(tmp_path), [1.0], quiet, seeds=2)
