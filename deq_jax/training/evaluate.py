@@ -153,9 +153,10 @@ def headline_keys(metrics: dict[str, Any]) -> list[str]:
     return [k for k in metrics if k.endswith("accuracy") or k in ("mse", "score")]
 
 
-def read_train_seconds(workdir: str) -> float | None:
-    """``train_seconds`` of ``{workdir}/length_generalization.json`` (``None`` if absent)."""
-    path = os.path.join(workdir, REPORT_FILE)
+def read_train_seconds(workdir: str, report_file: str = REPORT_FILE) -> float | None:
+    """``train_seconds`` of a run's report, ``{workdir}/length_generalization.json`` by
+    default (the language model's is ``lm_report.json``); ``None`` if absent."""
+    path = os.path.join(workdir, report_file)
     if not os.path.exists(path):
         return None
     with open(path) as f:

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 
 from deq_jax.solvers.anderson import anderson
+from deq_jax.training.evaluate import read_train_seconds
 from deq_jax.training.frozen_deq import FrozenDEQ
 from deq_jax.training.hypersolver import (
     REPORT_FILE,
@@ -127,14 +128,6 @@ def evaluate_solvers(
     return out
 
 
-def _lm_train_seconds(workdir: str) -> float | None:
-    path = os.path.join(workdir, LM_REPORT_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get("train_seconds")
-
-
 def train_lm_hypersolver(
     config: Any, workdir: str, *, emit: Callable[[str], None] = print
 ) -> HyperSolverRun:
@@ -169,7 +162,7 @@ def train_lm_hypersolver(
         fits,
         deq_params=count_params(run.state.params),
         target_seconds=target_seconds,
-        deq_seconds=_lm_train_seconds(spec.deq_workdir),
+        deq_seconds=read_train_seconds(spec.deq_workdir, LM_REPORT_FILE),
         evaluation=evaluate_solvers(config, run, frozen, main, spec),
     )
     solver_params, lm_params = report["solver_params"], report["deq_params"]

@@ -26,6 +26,7 @@ from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.lm_steps import place_memory
 from deq_jax.training.optim import make_optimizer
+from deq_jax.training.setup import make_checkpointer, prepare_run
 from deq_jax.training.state import TrainState
 
 VOCAB_FILE = "vocab.json"
@@ -123,16 +124,8 @@ def setup_language_model(config: Any, workdir: str) -> LMRun:
       VocabularyMismatchError: if the workdir was trained on another vocabulary.
       CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
     """
-    build.check_layout(config)
     tc = config.train
-    sharding.initialize_distributed(
-        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
-    )
-    os.makedirs(workdir, exist_ok=True)
-    mesh = sharding.make_mesh()
-    sharding.check_batch_size(tc.batch_size, mesh)
-    task = build.build_task(config.task, workdir)
-    task.prepare()
+    mesh, task = prepare_run(config, workdir)
     check_vocabulary(workdir, task.vocab, write=jax.process_index() == 0)
     model = build.build_model(
         model_fields(config, task.vocab_size), build.build_deq_spec(config.deq)
@@ -140,12 +133,7 @@ def setup_language_model(config: Any, workdir: str) -> LMRun:
     tx, schedule = make_optimizer(tc)
     state = init_state(model, tx, tc.seq_len, tc.seed)
     mems = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
-    ckpt = Checkpointer(
-        workdir,
-        every_steps=config.ckpt.every_steps,
-        keep=config.ckpt.keep,
-        async_save=config.ckpt.async_save,
-    )
+    ckpt = make_checkpointer(config, workdir)
     restored, start = ckpt.restore_or_init({"state": state, "mems": mems})
     return LMRun(
         mesh=mesh,

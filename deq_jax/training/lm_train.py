@@ -25,7 +25,6 @@ References:
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
-from deq_jax.training.train import NonFiniteLossError, config_json
+from deq_jax.training.train import check_finite, config_json, interval_mean
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 REPORT_FILE = "lm_report.json"
@@ -53,16 +52,6 @@ class LMRunResult(NamedTuple):
     mems: Any
     step: int
     eval_metrics: dict[str, dict]
-
-
-def _mean(history: list[dict[str, Any]]) -> dict[str, float]:
-    keys = list(dict.fromkeys(k for m in history for k in m))
-    out = {}
-    for key in keys:
-        values = [float(m[key]) for m in history if key in m and math.isfinite(float(m[key]))]
-        if values:
-            out[key] = max(values) if key.endswith("_max") else float(np.mean(values))
-    return out
 
 
 def _format(metrics: dict[str, Any]) -> str:
@@ -168,19 +157,18 @@ def train_language_model(
             if step > start + 1:  # the first step compiles
                 train_seconds += time.perf_counter() - began
                 train_tokens += float(metrics["tokens"])
-            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                raise NonFiniteLossError(
-                    f"Non-finite training loss ({loss}) or gradient norm ({grad_norm}) at "
-                    f"step {step}; stopping. The last good checkpoint is step "
-                    f"{ckpt.latest_step()} in {ckpt.directory}. Lower train.learning_rate, "
-                    "raise train.pretrain_steps or add the Jacobian regulariser."
-                )
+            check_finite(
+                metrics,
+                step,
+                ckpt,
+                "Lower train.learning_rate, raise train.pretrain_steps or add the Jacobian "
+                "regulariser.",
+            )
             history.append(metrics)
             if step == start + 1:
                 progress.restart_clock(step)
             if step % config.log.every_steps == 0 or step == stop:
-                mean = _mean(history)
+                mean = interval_mean(history, sparse=None)
                 writer.write(step, "train", mean)
                 progress.line(step, mean)
                 history = []

@@ -44,6 +44,37 @@ class Run(NamedTuple):
     checkpointer: Checkpointer
 
 
+def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
+    """What every training run does first: checks the config's layout, joins the other
+    processes (``train.distributed``), creates ``workdir``, makes the device mesh and
+    checks the batch size against it, builds the task and prepares its data.
+
+    Returns:
+      ``(mesh, task)``.
+    """
+    build.check_layout(config)
+    tc = config.train
+    sharding.initialize_distributed(
+        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
+    )
+    os.makedirs(workdir, exist_ok=True)
+    mesh = sharding.make_mesh()
+    sharding.check_batch_size(tc.batch_size, mesh)
+    task = build.build_task(config.task, workdir)
+    task.prepare()
+    return mesh, task
+
+
+def make_checkpointer(config: Any, workdir: str) -> Checkpointer:
+    """The run's `Checkpointer` in ``workdir``, as ``config.ckpt`` says."""
+    return Checkpointer(
+        workdir,
+        every_steps=config.ckpt.every_steps,
+        keep=config.ckpt.keep,
+        async_save=config.ckpt.async_save,
+    )
+
+
 def setup(config: Any, workdir: str) -> Run:
     """Builds the run ``config`` describes and restores ``workdir``'s latest checkpoint.
 
@@ -59,26 +90,13 @@ def setup(config: Any, workdir: str) -> Run:
         over the devices.
       CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
     """
-    build.check_layout(config)
     tc = config.train
-    sharding.initialize_distributed(
-        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
-    )
-    os.makedirs(workdir, exist_ok=True)
-    mesh = sharding.make_mesh()
-    sharding.check_batch_size(tc.batch_size, mesh)
-    task = build.build_task(config.task, workdir)
-    task.prepare()
+    mesh, task = prepare_run(config, workdir)
     model = build.build_model(config.model, build.build_deq_spec(config.deq))
     tx, schedule = make_optimizer(tc)
     sample = np.zeros((1, *task.input_shape), np.float32)
     state = create_train_state(model, tx, sample, jax.random.PRNGKey(tc.seed))
-    ckpt = Checkpointer(
-        workdir,
-        every_steps=config.ckpt.every_steps,
-        keep=config.ckpt.keep,
-        async_save=config.ckpt.async_save,
-    )
+    ckpt = make_checkpointer(config, workdir)
     state, start = ckpt.restore_or_init(state)
     return Run(
         mesh=mesh,

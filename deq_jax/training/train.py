@@ -26,7 +26,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 import jax
@@ -34,6 +34,7 @@ import numpy as np
 
 from deq_jax.training import evaluate
 from deq_jax.training.alternating import AlternatingSolver
+from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.metrics import is_regression
 from deq_jax.training.regularizer import JacobianRegularizer
@@ -71,18 +72,36 @@ class RunResult(NamedTuple):
 SPARSE_METRICS = ("jacobian_term", "spectral_radius")
 
 
-def _mean_metrics(history: list[dict[str, Any]]) -> dict[str, float]:
-    """Averages per-step train metrics over a logging interval (``*_max`` by max)."""
+def interval_mean(
+    history: list[dict[str, Any]], sparse: Collection[str] | None = SPARSE_METRICS
+) -> dict[str, float]:
+    """Averages per-step train metrics over a logging interval (``*_max`` by max).
+
+    The ``sparse`` metrics (``None``: every metric) count only where they are finite,
+    and a sparse metric with no finite value in the interval is left out.
+    """
     out = {}
     keys = list(dict.fromkeys(k for m in history for k in m))
     for key in keys:
         values = [float(m[key]) for m in history if key in m]
-        if key in SPARSE_METRICS:
+        if sparse is None or key in sparse:
             values = [v for v in values if math.isfinite(v)]
             if not values:
                 continue
         out[key] = max(values) if key.endswith("_max") else float(np.mean(values))
     return out
+
+
+def check_finite(metrics: dict[str, Any], step: int, ckpt: Checkpointer, advice: str) -> None:
+    """Raises `NonFiniteLossError` if a step's loss or gradient norm is not finite; the
+    message names the step, the last good checkpoint and ``advice``."""
+    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise NonFiniteLossError(
+            f"Non-finite training loss ({loss}) or gradient norm ({grad_norm}) at "
+            f"step {step}; stopping. The last good checkpoint is step "
+            f"{ckpt.latest_step()} in {ckpt.directory}. {advice}"
+        )
 
 
 # The config a run was trained under, written into its workdir at every start.
@@ -271,21 +290,18 @@ def train_and_evaluate(
             if warming and step == tc.pretrain_steps:
                 emit(f"step {step}: weight-tied warm-up done; solving for the fixed point now")
             metrics = {**jax.device_get(metrics), **spectral}
-            loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                last = ckpt.latest_step()
-                raise NonFiniteLossError(
-                    f"Non-finite training loss ({loss}) or gradient norm ({grad_norm}) at "
-                    f"step {step}; stopping. The last good checkpoint is step {last} in "
-                    f"{ckpt.directory}."
-                    " Lower train.learning_rate, tighten train.grad_clip_norm or make the "
-                    "cell more contractive."
-                )
+            check_finite(
+                metrics,
+                step,
+                ckpt,
+                "Lower train.learning_rate, tighten train.grad_clip_norm or make the cell "
+                "more contractive.",
+            )
             history.append(metrics)
             if step == start + 1:
                 progress.restart_clock(step)
             if step % config.log.every_steps == 0 or step == stop:
-                mean = _mean_metrics(history)
+                mean = interval_mean(history)
                 writer.write(step, "train", mean)
                 progress.line(step, mean)
                 history = []
