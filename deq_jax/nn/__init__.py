@@ -12,7 +12,7 @@ References:
 """
 
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
-from deq_jax.nn.deq import DEQ, EquilibriumProblem, with_terms
+from deq_jax.nn.deq import DEQ, EquilibriumProblem, spec_of, with_terms
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.intercept import DEQCall, argmax_answer, deq_call, outputs_at, settled_apply
 from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
@@ -40,6 +40,7 @@ __all__ = [
     "run_tied",
     "run_untied",
     "settled_apply",
+    "spec_of",
     "state_like",
     "weight_norm_kernel",
     "with_terms",

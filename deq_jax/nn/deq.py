@@ -286,6 +286,15 @@ def sow_terms(
         module.sow("intermediates", name, value)
 
 
+def spec_of(model: nn.Module) -> DEQSpec | None:
+    """The `DEQSpec` a model solves with: a `DEQ`'s ``spec`` or a task model's ``deq``
+    field; ``None`` for a model with neither (e.g. a wrapper of another model)."""
+    if isinstance(model, DEQ):
+        return model.spec
+    spec = getattr(model, "deq", None)
+    return spec if isinstance(spec, DEQSpec) else None
+
+
 def with_terms(model: nn.Module, terms: tuple[Term, ...]) -> nn.Module:
     """``model`` with ``terms`` appended to its DEQ's spec: a `DEQ` (its ``spec``) or a
     task model (its ``deq`` field). How the train step hands its penalties to a model.
@@ -296,11 +305,10 @@ def with_terms(model: nn.Module, terms: tuple[Term, ...]) -> nn.Module:
     terms = tuple(terms)
     if not terms:
         return model
-    if isinstance(model, DEQ):
-        return model.clone(spec=model.spec.replace(terms=model.spec.terms + terms))
-    spec = getattr(model, "deq", None)
-    if not isinstance(spec, DEQSpec):
+    spec = spec_of(model)
+    if spec is None:
         raise TypeError(
             f"{type(model).__name__} has no DEQSpec field 'deq' to hand penalty terms to."
         )
-    return model.clone(deq=spec.replace(terms=spec.terms + terms))
+    spec = spec.replace(terms=spec.terms + terms)
+    return model.clone(spec=spec) if isinstance(model, DEQ) else model.clone(deq=spec)

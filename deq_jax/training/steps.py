@@ -35,8 +35,7 @@ import optax
 from jax.sharding import Mesh
 
 from deq_jax.backward.probe import read_stats_probe, stats_probe
-from deq_jax.nn.deq import DEQ, with_terms
-from deq_jax.nn.spec import DEQSpec
+from deq_jax.nn.deq import spec_of, with_terms
 from deq_jax.regularizers.terms import SpectralRadius, Term
 from deq_jax.training import sharding
 from deq_jax.training.interventions import PathIndependence
@@ -75,10 +74,8 @@ AUX_OUTPUTS = "aux_outputs"
 def net_terms(net: Any) -> tuple[Term, ...]:
     """The penalty terms a model's (or a `DEQ`'s) spec carries; none for a model
     without a `deq_jax.nn.DEQSpec` field ``deq`` (e.g. a wrapper of another model)."""
-    if isinstance(net, DEQ):
-        return net.spec.terms
-    spec = getattr(net, "deq", None)
-    return spec.terms if isinstance(spec, DEQSpec) else ()
+    spec = spec_of(net)
+    return () if spec is None else spec.terms
 
 
 def _task_metrics(metrics_fn: TaskMetrics, outputs, targets, mask, extra) -> dict[str, jax.Array]:
