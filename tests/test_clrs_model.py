@@ -284,9 +284,11 @@ def test_model_is_permutation_equivariant(mode, options):
         ("bellman_ford", "hint_propagation", "mpnn"),
         ("bellman_ford", "fixed_steps", "mpnn"),
         # Long hint runs through triplets: once 0 / 0 = NaN in `jnp.max`'s derivative.
-        ("mst_kruskal", "fixed_steps", "triplet_mpnn"),
-        ("mst_kruskal", "hint_propagation", "triplet_mpnn+edges"),
-        ("mst_prim", "deq", "triplet_mpnn+edges"),
+        pytest.param("mst_kruskal", "fixed_steps", "triplet_mpnn", marks=pytest.mark.slow),
+        pytest.param(
+            "mst_kruskal", "hint_propagation", "triplet_mpnn+edges", marks=pytest.mark.slow
+        ),
+        pytest.param("mst_prim", "deq", "triplet_mpnn+edges", marks=pytest.mark.slow),
         pytest.param("dfs", "deq", "mpnn", marks=pytest.mark.slow),
     ],
 )
@@ -347,6 +349,7 @@ def test_options_sow_the_losses_they_should():
     assert penalty.shape == (8,) and np.all(penalty > 0)
 
 
+@pytest.mark.slow
 def test_decode_edge_latents_feeds_the_triplet_latents_to_the_output_decoder():
     _, adj, _, extras = task_batch("mst_kruskal")
     kw = dict(processor="triplet_mpnn", triplet_features=4)
@@ -388,6 +391,7 @@ def test_decode_edge_latents_feeds_the_triplet_latents_to_the_output_decoder():
         cell.init(KEY, z, x, return_edges=True)
 
 
+@pytest.mark.slow
 def test_jacobian_terms_per_mode():
     _, adj, _, extras = task_batch()
     rngs = {**RNGS, "jacobian": KEY}

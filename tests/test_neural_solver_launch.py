@@ -242,6 +242,7 @@ def test_alternating_schedule():
     assert not alt.due(3, start=2)
 
 
+@pytest.mark.slow
 def test_alternating_training_fits_and_fine_tunes(tmp_path):
     config = digits.get_config("smoke")
     config.train.steps = 6
