@@ -119,7 +119,11 @@ def test_attention_mask_is_causal_and_hides_empty_memory():
     [
         ("weight_tied", None),
         ("untied", None),
-        ("deq", DEQSpec(solver=dj.solvers.fixed_point_iteration(max_iter=12, full_budget=True))),
+        pytest.param(
+            "deq",
+            DEQSpec(solver=dj.solvers.fixed_point_iteration(max_iter=12, full_budget=True)),
+            marks=pytest.mark.slow,
+        ),
         ("deq", TIGHT),
     ],
 )
@@ -183,7 +187,8 @@ def test_segment_with_memory_equals_one_long_sequence_at_the_fixed_point():
 
 
 @pytest.mark.parametrize(
-    "cutoffs, div_val, tie", [((), 1, True), ((5, 9), 2, True), ((5, 9), 1, False)]
+    "cutoffs, div_val, tie",
+    [((), 1, True), ((5, 9), 2, True), pytest.param((5, 9), 1, False, marks=pytest.mark.slow)],
 )
 def test_adaptive_softmax_normalises_and_matches_nll(cutoffs, div_val, tie):
     model = tiny(mode="weight_tied", cutoffs=cutoffs, div_val=div_val, tie_weights=tie)
