@@ -30,7 +30,10 @@ Sections:
     solves. ``settle_patience > 0`` also stops each sample's eval solve once the
     model's decoded answer has not changed for that many steps
     (`deq_jax.nn.settled_apply`), with the residual tolerance ``settle_tol`` (0: the
-    solver's); 0 stops on the residual only.
+    solver's); 0 stops on the residual only. ``neural_solver`` holds the budgets of
+    a neural-solver run (`NeuralSolverSpec`): the fitted solver's ``tol`` and
+    ``max_iter`` (also those of the Anderson it is compared with) and the reference
+    Anderson solve of its fitting targets (``target_tol``, ``target_max_iter``).
   train: steps, global batch size, optimiser, schedule, clipping, seed,
     ``pretrain_steps`` (a warm-up: the first steps train the same parameters as the
     explicit weight-tied network, for models with ``mode="weight_tied"``, e.g. MDEQ),
@@ -146,17 +149,23 @@ def smoke(
     return config
 
 
-def hypersolver(config: ConfigDict, arg: str, **fields) -> ConfigDict:
+def hypersolver(
+    config: ConfigDict, arg: str, budgets: dict | None = None, **fields
+) -> ConfigDict:
     """Turns a trained DEQ's config into its neural-solver config (``*_hypersolver.py``).
 
-    Sets the shared ``neural_solver`` fields (ablations on), then ``fields``; the smoke
-    variant (``arg="smoke"``) shrinks the fit to seconds (half its steps detached when
-    the full fit detaches any).
+    Sets the shared ``neural_solver`` fields (ablations on), then ``fields``, and the
+    budgets ``deq.neural_solver`` (``tol``, ``max_iter``, ``target_tol``,
+    ``target_max_iter``) from ``budgets``; the smoke variant (``arg="smoke"``) shrinks
+    the fit to seconds (half its steps detached when the full fit detaches any).
     """
     ns = config.neural_solver
-    ns.update(dict(ablations=True, tol=1e-3, max_iter=30, train_steps=300, batch_size=32))
+    ns.update(dict(ablations=True, train_steps=300, batch_size=32))
     ns.update(fields)
+    config.deq.neural_solver.update(dict(tol=1e-3, max_iter=30))
+    config.deq.neural_solver.update(budgets or {})
     if arg == "smoke":
+        config.deq.neural_solver.update(dict(target_max_iter=20, max_iter=6))
         ns.update(
             dict(
                 hidden=8,
@@ -165,9 +174,7 @@ def hypersolver(config: ConfigDict, arg: str, **fields) -> ConfigDict:
                 detached_steps=2 if ns.detached_steps else 0,
                 batch_size=8,
                 target_batches=2,
-                target_max_iter=20,
                 max_target_residual=1.0,
-                max_iter=6,
             )
         )
     return config
@@ -226,6 +233,7 @@ def get_config() -> ConfigDict:
             eval_max_iter=30,
             settle_patience=0,
             settle_tol=0.0,
+            neural_solver=dict(tol=1e-3, max_iter=30, target_tol=1e-6, target_max_iter=80),
         )
     )
 
@@ -294,15 +302,11 @@ def get_config() -> ConfigDict:
             learn_beta=True,
             init_hidden=0,
             init_kernel_size=3,
-            tol=1e-3,
-            max_iter=30,
             unroll_steps=6,
             train_steps=300,
             detached_steps=0,
             batch_size=32,
             target_batches=8,
-            target_max_iter=80,
-            target_tol=1e-6,
             max_target_residual=1e-2,
             learning_rate=1e-3,
             l1=1.0,

@@ -41,5 +41,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         learn_beta=False,
     )
     if not arg:
-        config.neural_solver.max_iter = config.deq.eval_max_iter
+        config.deq.neural_solver.max_iter = config.deq.eval_max_iter
     return config

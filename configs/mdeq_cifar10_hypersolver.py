@@ -34,12 +34,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
         init_kernel_size=3,
         pool="mean",
         unroll_steps=10,
-        tol=1e-3,
-        max_iter=40,
+        budgets=dict(tol=1e-3, max_iter=40, target_max_iter=80),
         train_steps=500,
         detached_steps=300,
         batch_size=32,
         target_batches=8,
-        target_max_iter=80,
         max_target_residual=2e-2,
     )

@@ -37,12 +37,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
         init_kernel_size=1,
         pool="mean",
         unroll_steps=10,
-        tol=1e-3,
-        max_iter=30,
+        budgets=dict(tol=1e-3, max_iter=30, target_max_iter=60),
         train_steps=300,
         detached_steps=200,
         batch_size=32,
         target_batches=8,
-        target_max_iter=60,
         max_target_residual=2e-2,
     )

@@ -39,12 +39,15 @@ def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
 
     Fields in `LOADABLE_CHANGES` are skipped, and so are fields ``saved`` lacks (a run
     trained before the field existed); a field only ``saved`` has is shown as
-    ``<missing>``.
+    ``<missing>``. A ``saved`` config of the layout before ``config.deq`` compares under
+    the new names (``solver.tol`` as ``deq.solver.tol``, `renamed_key`).
     """
+    from deq_jax.training.build import renamed_key
     from deq_jax.training.train import config_json
 
     # Through the same JSON as the saved file, so tuples compare equal to its lists.
-    old, new = _flatten(saved), _flatten(json.loads(config_json(config)))
+    old = {renamed_key(k) or k: v for k, v in _flatten(saved).items()}
+    new = _flatten(json.loads(config_json(config)))
     diffs = []
     for key in sorted(old):
         if any(key == f or (f[-1] in "._" and key.startswith(f)) for f in LOADABLE_CHANGES):

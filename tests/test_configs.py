@@ -128,6 +128,8 @@ def test_deq_spec_from_config_and_full_budget():
         ("model.z_init", "deq.z_init"),
         ("model.train_max_iter", "deq.train_max_iter"),
         ("eval.settle_patience", "deq.settle_patience"),
+        ("neural_solver.tol", "deq.neural_solver.tol"),
+        ("neural_solver.target_max_iter", "deq.neural_solver.target_max_iter"),
     ],
 )
 def test_old_layout_names_the_new_key(old, new):

@@ -75,6 +75,10 @@ def test_known_overrides_pass():
         ),
         ("model.z_init", "--config.model.z_init has moved to --config.deq.z_init"),
         ("eval.settle_tol", "--config.eval.settle_tol has moved to --config.deq.settle_tol"),
+        (
+            "neural_solver.max_iter",
+            "--config.neural_solver.max_iter has moved to --config.deq.neural_solver.max_iter",
+        ),
         ("train.steps.x", "config.train.steps is not a section."),
     ],
 )

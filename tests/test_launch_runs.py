@@ -57,6 +57,33 @@ def test_fields_newer_than_the_run_are_not_compared(tmp_path):
     assert runs.config_differences(saved, config) == ["model.retired_field: 1 -> '<missing>'"]
 
 
+def _old_layout(saved):
+    """A saved config as a run from before ``config.deq`` wrote it."""
+    saved = json.loads(json.dumps(saved))
+    deq = saved.pop("deq")
+    saved["solver"], saved["backward"] = deq.pop("solver"), deq.pop("backward")
+    for key in ("z_init", "train_max_iter", "eval_max_iter"):
+        saved["model"][key] = deq.pop(key)
+    saved["eval"].update(settle_patience=deq.pop("settle_patience"))
+    saved["neural_solver"].update(deq.pop("neural_solver"))
+    return saved
+
+
+def test_a_run_of_the_old_layout_compares_under_the_new_names(tmp_path):
+    config = prefix_sum.get_config()
+    train._write_config(config, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        saved = _old_layout(json.load(f))
+    assert "deq" not in saved and saved["solver"]["name"] == "anderson"
+    assert runs.config_differences(saved, config) == []
+    saved["solver"]["tol"] = 0.5
+    saved["neural_solver"]["max_iter"] = 7
+    assert runs.config_differences(saved, config) == [
+        "deq.neural_solver.max_iter: 7 -> 30",
+        f"deq.solver.tol: 0.5 -> {config.deq.solver.tol!r}",
+    ]
+
+
 def test_apply_overrides_sets_typed_fields_and_rejects_unknown_keys():
     from launch.main import UnknownOverrideError
 

@@ -218,6 +218,6 @@ def test_smoke_config_runs_end_to_end(tmp_path):
     steps = hyper.neural_solver.train_steps  # the fit reports its progress, ending at the last step
     assert any(line.strip().startswith(f"fit step {steps}/{steps}") for line in lines)
     assert (
-        mazes_hypersolver.get_config().neural_solver.max_iter
+        mazes_hypersolver.get_config().deq.neural_solver.max_iter
         == maze_config.get_config().deq.eval_max_iter
     )

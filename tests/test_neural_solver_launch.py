@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import deq_jax as dj
-from configs import digits, digits_hypersolver, prefix_sum_hypersolver
+from configs import digits, digits_hypersolver, mazes_hypersolver, prefix_sum_hypersolver
 from deq_jax.neural_solver import hyper_anderson_init, hyper_anderson_step, init_neural_solver
 from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
 from deq_jax.neural_solver.loss import neural_solver_loss
@@ -191,6 +191,19 @@ def test_hypersolver_run_checkpoints_and_reloads(hypersolver_run):
     assert solver.anderson_after is None  # anderson_tail is off by default
     assert solver.beta == loaded.solvers["no_init"][0].beta == 1.0
     assert loaded.solvers["ls_alpha"][0].beta is None
+
+
+def test_spec_of_a_run_reads_its_budgets_from_deq():
+    config = mazes_hypersolver.get_config()
+    spec = NeuralSolverSpec.from_run_config(config)
+    assert (spec.max_iter, spec.tol) == (config.deq.eval_max_iter, 1e-3)
+    assert (spec.target_max_iter, spec.target_tol) == (80, 1e-6)
+    assert spec.unroll_steps == config.neural_solver.unroll_steps == 20
+    smoke = NeuralSolverSpec.from_run_config(mazes_hypersolver.get_config("smoke"))
+    assert (smoke.max_iter, smoke.target_max_iter) == (6, 20)
+    config.neural_solver.tol = 1e-2  # a config written for the old layout
+    with pytest.raises(ValueError, match="neural_solver.tol has moved to config.deq.neural_solver"):
+        NeuralSolverSpec.from_run_config(config)
 
 
 def test_spec_anderson_tail_hands_over_after_the_trained_k():

@@ -17,7 +17,7 @@ from deq_jax.solvers.broyden import (
 )
 from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_iteration
 from deq_jax.solvers.linalg import spd_solve
-from deq_jax.solvers.loop import LOOPS, iterate
+from deq_jax.solvers.loop import LOOPS, iterate, iterate_unrolled
 
 _REGISTRY = Registry("solver")
 # The registry's bound methods are this package's public registry functions.
@@ -44,6 +44,7 @@ __all__ = [
     "inv_jacobian_matvec",
     "inv_jacobian_rmatvec",
     "iterate",
+    "iterate_unrolled",
     "names",
     "register",
     "residuals",

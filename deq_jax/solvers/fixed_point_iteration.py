@@ -10,7 +10,10 @@ from deq_jax.solvers.base import Solver
 
 
 def damped_step(z: jax.Array, fz: jax.Array, tau: float) -> jax.Array:
-    """``(1 - tau) z + tau f(z)``: the Krasnosel'skii-Mann step (plain iteration at 1)."""
+    """``(1 - tau) z + tau f(z)``: the Krasnosel'skii-Mann step; at a Python ``1.0``
+    exactly ``f(z)`` (plain iteration, without the rounding of ``z + (f(z) - z)``)."""
+    if isinstance(tau, (int, float)) and tau == 1:
+        return fz
     return z + tau * (fz - z)
 
 

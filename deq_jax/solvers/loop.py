@@ -21,6 +21,12 @@ gave it. The sample is then returned at the iterate it stopped on (its readout i
 settled one), and counts as converged. For models whose output is discrete (pointers,
 masks, classes), the residual test keeps iterating long after the output is final;
 this rule stops when the answer does.
+
+`iterate_unrolled(solver, fn, z0)` is the same loop as a `jax.lax.scan` that returns what
+an unrolled network computes instead of the best iterate: per sample ``fn`` at the
+iterate it stopped on (at its last finite one if it diverged), and the sum of the
+squared residuals ``||fn(z) - z||^2`` along its path (for plain iteration the squared
+step lengths ``||z_{t+1} - z_t||^2``), both reverse-differentiable.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class LoopState(NamedTuple):
     trace: jax.Array  # [B, max_iter] stop-mode residual after each evaluation
     read: Any  # the readout of z (a pytree, batch axis first); () without a readout
     same: jax.Array  # [B] int32, evaluations in a row with an unchanged readout
+    image: Any  # [B, D] fn at the last iterate with a finite image (unrolled); else ()
+    path: Any  # [B] sum of squared residuals while active (unrolled); else ()
 
 
 class Settle(NamedTuple):
@@ -95,6 +103,11 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
             )
             read = jax.tree_util.tree_map(keep, read, s.read)
     take = improved | settled_now  # a settled sample is returned where it settled
+    image, path = s.image, s.path
+    if not isinstance(path, tuple):  # iterate_unrolled
+        moved = s.active & finite
+        image = jnp.where(moved[:, None], s.fz, image)
+        path = path + jnp.where(moved, jnp.square(abs_res), 0.0)
     return s._replace(
         best_z=jnp.where(take[:, None], s.z, s.best_z),
         best_abs=jnp.where(take, abs_res, s.best_abs),
@@ -105,11 +118,17 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
         trace=jax.lax.dynamic_update_index_in_dim(s.trace, res, s.k - 1, axis=1),
         read=read,
         same=same,
+        image=image,
+        path=path,
     )
 
 
 def _init(
-    solver: Solver, fn: Callable[[jax.Array], jax.Array], z0: jax.Array, settle: Settle | None
+    solver: Solver,
+    fn: Callable[[jax.Array], jax.Array],
+    z0: jax.Array,
+    settle: Settle | None,
+    unrolled: bool = False,
 ) -> LoopState:
     batch = z0.shape[0]
     inf = jnp.full((batch,), jnp.inf, z0.dtype)
@@ -127,6 +146,8 @@ def _init(
         trace=jnp.zeros((batch, solver.max_iter), z0.dtype),
         read=(),
         same=jnp.zeros((batch,), jnp.int32),
+        image=z0 if unrolled else (),
+        path=jnp.zeros((batch,), z0.dtype) if unrolled else (),
     )
     return _observe(solver, s, settle, first=True)
 
@@ -140,6 +161,17 @@ def _step(
 
 def _keep_going(solver: Solver, s: LoopState) -> jax.Array:
     return (s.k < solver.max_iter) & jnp.any(s.active)
+
+
+def _scan(solver: Solver, step: Callable[[LoopState], LoopState], s: LoopState) -> LoopState:
+    """``max_iter - 1`` steps as a `jax.lax.scan`, skipped once every sample stopped."""
+
+    def scan_body(s, _):
+        s = jax.lax.cond(_keep_going(solver, s), step, lambda s: s, s)
+        return s, None
+
+    s, _ = jax.lax.scan(scan_body, s, None, length=solver.max_iter - 1)
+    return s
 
 
 def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
@@ -197,15 +229,39 @@ def iterate(
     if loop == "while":
         s = jax.lax.while_loop(lambda s: _keep_going(solver, s), step, s)
     elif loop == "scan":
-
-        def scan_body(s, _):
-            s = jax.lax.cond(_keep_going(solver, s), step, lambda s: s, s)
-            return s, None
-
-        s, _ = jax.lax.scan(scan_body, s, None, length=solver.max_iter - 1)
+        s = _scan(solver, step, s)
     elif loop == "python":
         while bool(_keep_going(solver, s)):
             s = step(s)
     else:
         raise ValueError(f"Unknown loop {loop!r}. Valid loops: {', '.join(LOOPS)}.")
     return _finish(solver, s)
+
+
+def iterate_unrolled(
+    solver: Solver, fn: Callable[[jax.Array], jax.Array], z0: jax.Array
+) -> tuple[jax.Array, SolverStats, jax.Array]:
+    """Runs ``solver`` on ``fn`` from ``z0 [B, D]`` as an unrolled network would.
+
+    The loop, its per-sample stopping and its statistics are `iterate`'s with
+    ``loop="scan"`` (reverse-differentiable: gradients flow back through every step),
+    but what comes back is what the unrolled computation ends on rather than the best
+    iterate.
+
+    Returns:
+      ``(image [B, D], stats, path [B])``: per sample ``fn`` at the iterate it stopped
+      on (converged, or out of budget), or at its last iterate with a finite image if it
+      diverged (``z0`` if none had one); `SolverStats` as `iterate`'s; and
+      ``sum_t ||fn(z_t) - z_t||^2`` over the evaluations with a finite residual (for
+      ``fixed_point_iteration()`` the squared step lengths ``||z_{t+1} - z_t||^2``, the
+      step penalty of `deq_jax.regularizers.step_penalty`).
+
+    Raises:
+      ValueError: for a ``z0`` that is not ``[B, D]``.
+    """
+    if z0.ndim != 2:
+        raise ValueError(f"iterate_unrolled() expects a [B, D] array, got shape {z0.shape}.")
+    s = _init(solver, fn, z0, None, unrolled=True)
+    s = _scan(solver, lambda s: _step(solver, fn, None, s), s)
+    _, stats = _finish(solver, s)
+    return s.image, stats, s.path

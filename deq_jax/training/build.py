@@ -32,9 +32,21 @@ RENAMED_KEYS = {
     "model.eval_max_iter": "deq.eval_max_iter",
     "eval.settle_patience": "deq.settle_patience",
     "eval.settle_tol": "deq.settle_tol",
+    "neural_solver.tol": "deq.neural_solver.tol",
+    "neural_solver.max_iter": "deq.neural_solver.max_iter",
+    "neural_solver.target_tol": "deq.neural_solver.target_tol",
+    "neural_solver.target_max_iter": "deq.neural_solver.target_max_iter",
 }
-# The fields of ``config.deq`` besides its ``solver`` and ``backward`` sections.
-DEQ_FIELDS = ("z_init", "train_max_iter", "eval_max_iter", "settle_patience", "settle_tol")
+# The fields of ``config.deq`` besides its ``solver`` and ``backward`` sections
+# (``neural_solver``: the budgets of a neural-solver run, read by `NeuralSolverSpec`).
+DEQ_FIELDS = (
+    "z_init",
+    "train_max_iter",
+    "eval_max_iter",
+    "settle_patience",
+    "settle_tol",
+    "neural_solver",
+)
 
 
 def renamed_key(key: str) -> str | None:

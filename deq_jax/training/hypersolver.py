@@ -79,7 +79,7 @@ def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, 
     Raises:
       ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
     """
-    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    spec = NeuralSolverSpec.from_run_config(config)
     if not spec.deq_workdir:
         raise ValueError(
             "Set --config.neural_solver.deq_workdir to the workdir of a trained DEQ (train "
@@ -122,7 +122,7 @@ def save_fit(directory: str, step: int, fitted: SolverFit) -> None:
 def _evaluate(config: Any, deq: Any, frozen: FrozenDEQ, fitted: SolverFit) -> dict:
     """Eval-split metrics with Anderson and with the fitted solver, at ``spec.max_iter``
     (``eval.batch_size`` and ``eval.max_batches`` of the config)."""
-    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    spec = NeuralSolverSpec.from_run_config(config)
     models = {
         "anderson": frozen.with_solver(anderson(tol=spec.tol, max_iter=spec.max_iter)),
         "neural": frozen.with_solver(fitted.solver, fitted.init or "keep"),
@@ -216,7 +216,7 @@ def train_hypersolver(
       ValueError: if the DEQ's workdir has no checkpoint, or the DEQ does not converge
         well enough to give fixed points (see `collect_targets`).
     """
-    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    spec = NeuralSolverSpec.from_run_config(config)
     os.makedirs(workdir, exist_ok=True)
     deq, frozen = restore_deq(config, emit)
     batches = deq.task.train_iterator(spec.batch_size, seed=spec.seed + 1)

@@ -13,7 +13,7 @@
    `deq_jax.neural_solver.SequenceInitializer`) with the LM frozen; each residual is
    compressed per sequence by ``pool`` (``"last"`` token or ``"mean"``);
 4. streams ``eval.max_batches`` validation segments with Anderson and with the neural
-   solver at ``neural_solver.max_iter`` (and the neural solver at twice its trained
+   solver at ``deq.neural_solver.max_iter`` (and the neural solver at twice its trained
    ``unroll_steps``) and writes ``neural_solver.json``: bits per character, solver
    steps, wall time per segment batch, the solver's size and fitting time against the
    LM's.
@@ -59,7 +59,7 @@ def restore_lm(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, F
     Raises:
       ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
     """
-    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    spec = NeuralSolverSpec.from_run_config(config)
     if not spec.deq_workdir:
         raise ValueError(
             "Set --config.neural_solver.deq_workdir to the workdir of a trained language "
@@ -146,7 +146,7 @@ def train_lm_hypersolver(
       ValueError: if the LM's workdir has no checkpoint or its fixed points cannot be
         found to ``max_target_residual``.
     """
-    spec = NeuralSolverSpec.from_config(config.neural_solver)
+    spec = NeuralSolverSpec.from_run_config(config)
     os.makedirs(workdir, exist_ok=True)
     run, frozen = restore_lm(config, emit)
     seq_len = config.train.seq_len

@@ -128,8 +128,28 @@ class NeuralSolverSpec:
 
     @classmethod
     def from_config(cls, section: Any) -> NeuralSolverSpec:
-        """From a config section; missing fields take the defaults above."""
+        """From one section of all its fields (e.g. a fit report's ``spec``); missing
+        fields take the defaults above."""
         return from_section(cls, section, "neural_solver")
+
+    @classmethod
+    def from_run_config(cls, config: Any) -> NeuralSolverSpec:
+        """From a run's config: ``neural_solver`` (the solver and its fit) and the
+        budgets in ``deq.neural_solver`` (where every budget of a run lives).
+
+        Raises:
+          ValueError: for a budget left in ``neural_solver`` (naming its new key) or an
+            unknown field.
+        """
+        section = dict(config.get("neural_solver", {}))
+        for key in BUDGET_FIELDS:
+            if key in section:
+                raise ValueError(
+                    f"config.neural_solver.{key} has moved to config.deq.neural_solver.{key} "
+                    "(every budget and tolerance of a run lives in config.deq)."
+                )
+        budgets = dict(config.get("deq", {}).get("neural_solver", {}))
+        return from_section(cls, {**section, **budgets}, "neural_solver")
 
     def detached_count(self, num_steps: int) -> int:
         """How many of a ``num_steps`` fit's first steps skip the cell's backward pass.
@@ -181,6 +201,10 @@ class NeuralSolverSpec:
         return anderson(tol=self.target_tol, max_iter=self.target_max_iter)
 
 
+# The fields of `NeuralSolverSpec` that a run's config keeps in ``deq.neural_solver``.
+BUDGET_FIELDS = ("tol", "max_iter", "target_tol", "target_max_iter")
+
+
 class SolverFit(NamedTuple):
     """A fitted solver.
 
@@ -220,7 +244,7 @@ def collect_targets(
         raise ValueError(
             f"The target solve leaves a mean relative residual {rel.mean():.2e} > "
             f"neural_solver.max_target_residual={max_residual:g}: raise "
-            "neural_solver.target_max_iter, or train a more stable DEQ."
+            "deq.neural_solver.target_max_iter, or train a more stable DEQ."
         )
     return pool
 

@@ -242,7 +242,7 @@ def train_and_evaluate(
 
     train_step, spectral_step, evaluator = build_steps(model)
     warmup_step = _warmup_step(model, tc.get("pretrain_steps", 0), task, run, mesh, regression)
-    solver_spec = NeuralSolverSpec.from_config(config.get("neural_solver", {}))
+    solver_spec = NeuralSolverSpec.from_run_config(config)
     alternating = None
     if solver_spec.alternating:
         alternating = AlternatingSolver(solver_spec, model, task, emit)

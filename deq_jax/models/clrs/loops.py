@@ -27,7 +27,10 @@ from deq_jax.models.clrs.decoders import FeatureDecoder, feedback
 from deq_jax.models.clrs.encoders import FeatureEncoder, FeatureSpec, dense_value
 from deq_jax.models.clrs.losses import feature_loss
 from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
-from deq_jax.solvers.base import REL_EPS, SolverStats
+from deq_jax._flat import flat_fn, flatten, layout_of, unflatten
+from deq_jax.solvers.base import SolverStats
+from deq_jax.solvers.fixed_point_iteration import fixed_point_iteration
+from deq_jax.solvers.loop import iterate_unrolled
 
 
 def per_sample_norm(x: jax.Array) -> jax.Array:
@@ -44,59 +47,31 @@ def _rows(mask: jax.Array, x: jax.Array) -> jax.Array:
 
 def unroll_to_fixed_point(
     f: Callable[[jax.Array, Any], jax.Array],
-    z0: jax.Array,
+    z0: Any,
     args: Any,
     *,
     max_iter: int,
     tol: float,
     stop_mode: str = "rel",
-) -> tuple[jax.Array, SolverStats, jax.Array]:
-    """``z <- f(z, args)`` per sample until converged, reverse-differentiable (a scan).
+) -> tuple[Any, SolverStats, jax.Array]:
+    """``z <- f(z, args)`` per sample until converged, reverse-differentiable.
 
-    Each sample stops (and is frozen) once its residual ``||f(z) - z||`` (``"abs"``, or
-    that over ``||f(z)|| + REL_EPS`` for ``"rel"``) is at most ``tol``, turns non-finite
-    (diverged; the last finite iterate is kept) or ``max_iter`` evaluations are spent.
-    Iterations after every sample stopped are skipped with `jax.lax.cond`.
+    Plain iteration run by `deq_jax.solvers.iterate_unrolled` (the solvers' loop as a
+    `jax.lax.scan`): each sample stops (and is frozen) once its residual ``||f(z) - z||``
+    (``"abs"``, or that over ``||f(z)|| + REL_EPS`` for ``"rel"``) is at most ``tol``,
+    turns non-finite (diverged; the last finite iterate is kept) or ``max_iter``
+    evaluations are spent.
 
     Returns:
-      ``(z, stats, penalty)``: the last iterate ``[B, ...]``, `SolverStats` (``nstep``
-      the evaluations of ``f``, the last residuals, ``trace [B, max_iter]``) and the
-      step penalty ``sum_t ||z_{t+1} - z_t||^2`` ``[B]``, differentiable.
+      ``(z, stats, penalty)``: ``f`` at the iterate each sample stopped on (the state
+      pytree of ``z0``), `SolverStats` (``nstep`` the evaluations of ``f``, the lowest
+      residuals, ``trace [B, max_iter]``) and the step penalty
+      ``sum_t ||z_{t+1} - z_t||^2`` ``[B]``, differentiable.
     """
-    batch = z0.shape[0]
-    zeros = jnp.zeros((batch,), z0.dtype)
-    start = (z0, jnp.ones((batch,), bool), jnp.zeros((batch,), jnp.int32), zeros + jnp.inf)
-    start = (*start, zeros + jnp.inf, zeros, jnp.zeros((batch,), bool))
-
-    def advance(carry):
-        z, active, nstep, abs_res, rel_res, penalty, diverged = carry
-        fz = f(z, args)
-        abs_r = per_sample_norm(fz - z)
-        rel_r = abs_r / (per_sample_norm(fz) + REL_EPS)
-        finite = jnp.isfinite(abs_r) & jnp.isfinite(rel_r)
-        moved = active & finite
-        z = jnp.where(_rows(moved, z), fz, z)
-        penalty = penalty + jnp.where(moved, jnp.square(abs_r), 0.0)
-        res = rel_r if stop_mode == "rel" else abs_r
-        return (
-            z,
-            moved & (res > tol),
-            nstep + active.astype(jnp.int32),
-            jnp.where(moved, abs_r, abs_res),
-            jnp.where(moved, rel_r, rel_res),
-            penalty,
-            diverged | (active & ~finite),
-        )
-
-    def body(carry, _):
-        carry = jax.lax.cond(jnp.any(carry[1]), advance, lambda c: c, carry)
-        return carry, carry[4] if stop_mode == "rel" else carry[3]
-
-    carry, trace = jax.lax.scan(body, start, None, length=max_iter)
-    z, _, nstep, abs_res, rel_res, penalty, diverged = carry
-    res = rel_res if stop_mode == "rel" else abs_res
-    stats = SolverStats(nstep, abs_res, rel_res, res <= tol, diverged, trace.T)
-    return z, stats, penalty
+    layout = layout_of(z0, batched=True)
+    solver = fixed_point_iteration(tol=tol, max_iter=max_iter, stop_mode=stop_mode)
+    z, stats, penalty = iterate_unrolled(solver, flat_fn(f, layout, args), flatten(z0, layout))
+    return unflatten(z, layout), stats, penalty
 
 
 class ClrsStep(nn.Module):
