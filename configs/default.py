@@ -149,9 +149,7 @@ def smoke(
     return config
 
 
-def hypersolver(
-    config: ConfigDict, arg: str, budgets: dict | None = None, **fields
-) -> ConfigDict:
+def hypersolver(config: ConfigDict, arg: str, budgets: dict | None = None, **fields) -> ConfigDict:
     """Turns a trained DEQ's config into its neural-solver config (``*_hypersolver.py``).
 
     Sets the shared ``neural_solver`` fields (ablations on), then ``fields``, and the

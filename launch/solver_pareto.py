@@ -129,7 +129,7 @@ def sweep(
                 extras=extras,
             )
     results = {
-        key: metrics.combine(jax.device_get([fn(state, b) for b in batches]))
+        key: metrics.combine_split(task, jax.device_get([fn(state, b) for b in batches]))
         for key, fn in calls.items()
     }
     times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}

@@ -12,6 +12,7 @@ from sklearn.metrics import f1_score
 
 from deq_jax import tasks
 from deq_jax.models import clrs
+from deq_jax.training import metrics
 
 # --- task and metrics -----------------------------------------------------------------
 
@@ -44,6 +45,33 @@ def test_mask_score_is_clrs_f1():
     np.testing.assert_allclose(
         clrs.mask_score(logits, jnp.asarray(t, jnp.int32))["score"], ref, 1e-6
     )
+
+
+def test_split_f1_is_combined_from_counts_whatever_the_batch_size():
+    task = clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", test_nodes=(12,), eval_size=20))
+    rng = np.random.default_rng(0)
+    whole = task.source("test_12")
+    logits = {}  # one fixed guess per graph, whatever batch it lands in
+    for i, targets in enumerate(whole["targets"]):
+        guess = np.where(rng.random(targets.shape) < 0.5, 1 - targets, targets)
+        logits[i] = np.stack([np.zeros(guess.shape), np.where(guess > 0, 1.0, -1.0)], -1)
+    expected = float(
+        clrs.mask_score(
+            jnp.asarray(np.stack(list(logits.values()))), jnp.asarray(whole["targets"])
+        )["score"]
+    )
+    for batch_size in (20, 8, 3):
+        results, row = [], 0
+        for batch in task.eval_iterator("test_12", batch_size):
+            n = len(batch["targets"])
+            out = np.stack([logits[min(row + j, 19)] for j in range(n)])
+            results.append(task.metrics(jnp.asarray(out), batch["targets"], batch["mask"]))
+            row += n
+        combined = metrics.combine_split(task, jax.device_get(results))
+        assert combined["score"] == pytest.approx(expected, rel=1e-6), batch_size
+        assert combined["count"] == 20
+    # at 3 graphs a batch, a mean of the batches' F1s (what combine alone gives) differs
+    assert metrics.combine(jax.device_get(results))["score"] != pytest.approx(expected, rel=1e-4)
 
 
 def test_all_edges_score_counts_every_edge_as_predicted():

@@ -108,7 +108,7 @@ class Evaluator:
             batches = itertools.islice(batches, self.max_batches)
         extras = tuple(getattr(self.task, "batch_extras", ()))
         results = [step(state, device_batch(b, self.mesh, extras)) for b in batches]
-        return metrics.combine(jax.device_get(results))
+        return metrics.combine_split(self.task, jax.device_get(results))
 
     def evaluate_splits(
         self, state: TrainState, splits: Sequence[str], max_iter: int | None = None

@@ -119,3 +119,11 @@ def combine(batches: list[Mapping[str, Any]]) -> dict[str, float]:
         else:
             out[key] = sum(v * c for v, c in zip(values, counts, strict=True)) / max(total, 1.0)
     return out
+
+
+def combine_split(task: Any, batches: list[Mapping[str, Any]]) -> dict[str, float]:
+    """A split's metrics: `combine`, then the task's ``combine_metrics`` (if it has one)
+    turns combined counts into scores that are not means over examples (CLRS's F1)."""
+    combined = combine(batches)
+    finish = getattr(task, "combine_metrics", None)
+    return finish(combined) if finish is not None else combined

@@ -23,11 +23,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax._flat import flat_fn, flatten, layout_of, unflatten
 from deq_jax.models.clrs.decoders import FeatureDecoder, feedback
 from deq_jax.models.clrs.encoders import FeatureEncoder, FeatureSpec, dense_value
 from deq_jax.models.clrs.losses import feature_loss
 from deq_jax.models.clrs.processors import ProcessorInputs, make_processor
-from deq_jax._flat import flat_fn, flatten, layout_of, unflatten
 from deq_jax.solvers.base import SolverStats
 from deq_jax.solvers.fixed_point_iteration import fixed_point_iteration
 from deq_jax.solvers.loop import iterate_unrolled

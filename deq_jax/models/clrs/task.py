@@ -242,6 +242,14 @@ class ClrsTask(Task):
         weight = jnp.asarray(mask, per_graph.dtype)
         return jnp.sum(weight * per_graph) / jnp.maximum(jnp.sum(weight), 1.0)
 
+    def combine_metrics(self, combined: dict[str, float]) -> dict[str, float]:
+        """A mask output's score over a whole split: the F1 of its combined counts
+        (CLRS's micro-F1), not the mean of the batches' F1s."""
+        if "true_positives" not in combined:
+            return combined
+        counts = (combined[k] for k in ("true_positives", "false_positives", "false_negatives"))
+        return dict(combined, score=float(f1_from_counts(*counts)))
+
     def metrics(self, outputs, targets, mask=None, **extras) -> dict:
         """``{"score", ..., "count"}`` (module docstring); ``extras`` are ignored."""
         del extras  # the batch's features; the score needs outputs and targets only
