@@ -26,7 +26,8 @@ def test_known_answer_image_path_and_statistics():
     norms = np.linalg.norm(np.asarray(b), axis=1)
     steps = [int(np.ceil(np.log2(n / 1e-3))) + 1 if n > 0 else 1 for n in norms]
     np.testing.assert_array_equal(stats.nstep, steps)
-    want_path = [sum((n * 2.0**-t) ** 2 for t in range(k)) for n, k in zip(norms, steps, strict=True)]
+    pairs = zip(norms, steps, strict=True)
+    want_path = [sum((n * 2.0**-t) ** 2 for t in range(k)) for n, k in pairs]
     np.testing.assert_allclose(path, want_path, rtol=1e-5)
     z_last = [2 * np.asarray(b[i]) * (1 - 2.0**-k) for i, k in enumerate(steps)]
     np.testing.assert_allclose(image, np.stack(z_last), rtol=1e-6, atol=1e-7)
