@@ -92,7 +92,7 @@ def test_maze_files_read_back_as_the_mazes_they_hold(maze_root):
 
 
 def test_maze_chunks_cover_the_rows_in_order(maze_root, monkeypatch):
-    monkeypatch.setattr(easy_to_hard_files, "_CHUNK", 4)
+    monkeypatch.setattr(easy_to_hard_files, "_CHUNK_BYTES", 4 * 3 * 24 * 24 * 8 + 7)  # 4 mazes
     folder = os.path.join(maze_root, "maze_data_train_9")
     chunks = list(easy_to_hard_files.maze_image_chunks(folder, 10, 24))
     assert [len(c["inputs"]) for c in chunks] == [4, 4, 2]

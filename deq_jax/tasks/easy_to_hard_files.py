@@ -36,7 +36,7 @@ import numpy as np
 
 MAZE_INPUTS, MAZE_SOLUTIONS = "inputs.npy", "solutions.npy"
 _DOWNLOADS = "https://cs.umd.edu/~tomg/download/Easy_to_Hard_Datav2"
-_CHUNK = 2048  # mazes converted at a time (float64 9x9 inputs: 28 MB)
+_CHUNK_BYTES = 32 << 20  # stored input bytes converted at a time (2,427 float64 9x9 mazes)
 
 
 def maze_folder(root: str, *, train: bool, size: int) -> str:
@@ -69,7 +69,7 @@ def maze_image_chunks(folder: str, count: int, side: int) -> Iterator[dict[str, 
 
     Yields:
       ``{"inputs": float32 [b, H, W, 3], "targets": int32 [b, H, W]}``, consecutive
-      chunks of at most 2,048 mazes, ``count`` in all.
+      chunks of at most 32 MB of stored inputs each (at least one maze), ``count`` in all.
 
     Raises:
       FileNotFoundError: naming a missing file and where the folder is downloaded from.
@@ -93,8 +93,9 @@ def maze_image_chunks(folder: str, count: int, side: int) -> Iterator[dict[str, 
                 f"{path} holds {len(array)} mazes, fewer than the {count} asked for (lower "
                 "train_size or test_size)."
             )
-    for first in range(0, count, _CHUNK):
-        last = min(first + _CHUNK, count)
+    chunk = max(1, _CHUNK_BYTES // (inputs[0].nbytes if len(inputs) else 1))
+    for first in range(0, count, chunk):
+        last = min(first + chunk, count)
         rows = f"mazes {first} to {last - 1}"
         x, y = np.asarray(inputs[first:last]), np.asarray(solutions[first:last])
         _check_values(x, paths[0], rows)
