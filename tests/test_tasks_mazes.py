@@ -1,26 +1,24 @@
 """Tests for the maze task: perfect mazes, their unique paths, geometry and the interface."""
 
 import collections
+import dataclasses
+import hashlib
 import sys
 
 import numpy as np
 import pytest
 
 import deq_jax.tasks as tasks
+from configs import mazes as maze_config
+from deq_jax.tasks.maze_generator import GOAL, START, WALL, carve, draw_maze, tree_path
 from deq_jax.tasks.mazes import (
-    GOAL,
-    START,
-    WALL,
     MazeConfig,
-    carve,
     check_maze_size,
-    draw_maze,
     generate_split,
     image_size,
     load,
     maze_accuracy,
     render,
-    tree_path,
 )
 
 # The module itself; ``deq_jax.tasks.mazes`` names the constructor.
@@ -48,10 +46,12 @@ def _where(grid, code):
     return int(r), int(c)
 
 
+@pytest.mark.parametrize("generator", ["from_start", "random_start"])
 @pytest.mark.parametrize("split", ["train", "test_13", "test_33"])
-def test_mazes_are_perfect_and_paths_are_the_unique_shortest(split):
-    raw = generate_split(SMALL, split)
-    n = check_maze_size(SMALL.maze_size(split))
+def test_mazes_are_perfect_and_paths_are_the_unique_shortest(split, generator):
+    config = dataclasses.replace(SMALL, generator=generator)
+    raw = generate_split(config, split)
+    n = check_maze_size(config.maze_size(split))
     for grid, path in zip(raw["grids"][:6], raw["paths"][:6], strict=True):
         assert grid.shape == (2 * n + 1,) * 2
         assert (grid[0] == WALL).all() and (grid[-1] == WALL).all()
@@ -77,7 +77,7 @@ def test_carve_and_tree_path_known_answers():
     assert tree_path(parent, 1, 2) == [1, 3, 2]
     assert tree_path(parent, 0, 1) == [0, 2, 3, 1]
     assert tree_path(parent, 3, 0) == [3, 2, 0]
-    grid, path = draw_maze(2, [0.0, 0.0, 0.0, 0.0, 0.0, 0.99])  # start 0, goal 3
+    grid, path = draw_maze(2, [0.0] * 5 + [0.99], generator="random_start")  # start 0, goal 3
     np.testing.assert_array_equal(
         grid,
         [[0, 0, 0, 0, 0], [0, 2, 0, 1, 0], [0, 1, 0, 1, 0], [0, 1, 1, 3, 0], [0, 0, 0, 0, 0]],
@@ -85,6 +85,50 @@ def test_carve_and_tree_path_known_answers():
     np.testing.assert_array_equal(
         path, [[0] * 5, [0, 1, 0, 0, 0], [0, 1, 0, 0, 0], [0, 1, 1, 1, 0], [0] * 5]
     )
+
+
+def test_from_start_carves_from_the_start_cell_known_answer():
+    parent, root = carve(2, [0.0, 0.0, 0.0], root=3)  # the first option at every step
+    assert root == 3 and parent == [1, 3, 0, -1]  # 3 -> 1 (up) -> 0 (left) -> 2 (down)
+    # start int(0.99 * 4) = 3, goal int(0.0 * 3) = 0, then the three carving steps
+    grid, path = draw_maze(2, [0.99, 0.0, 0.0, 0.0, 0.0], generator="from_start")
+    np.testing.assert_array_equal(
+        grid,
+        [[0, 0, 0, 0, 0], [0, 3, 1, 1, 0], [0, 1, 0, 1, 0], [0, 1, 0, 2, 0], [0, 0, 0, 0, 0]],
+    )
+    np.testing.assert_array_equal(
+        path, [[0] * 5, [0, 1, 1, 1, 0], [0, 0, 0, 1, 0], [0, 0, 0, 1, 0], [0] * 5]
+    )
+    with pytest.raises(ValueError, match="Valid generators: from_start, random_start"):
+        MazeConfig(generator="kruskal")
+    with pytest.raises(ValueError, match="Valid generators"):
+        tasks.get("mazes", generator="")
+
+
+def test_from_start_gives_easy_to_hard_path_lengths():
+    # 13x13 mean path pixels (compact grid), measured over 10,000 mazes: from_start 41.0,
+    # random_start 26.9; easy-to-hard-data's gen_dataset 41.1 over 10,000. The standard
+    # deviation is about 20, so 400 mazes give a mean within +-3 (3 standard errors).
+    means = {}
+    for generator in ("from_start", "random_start"):
+        config = MazeConfig(
+            train_size=400, train_maze_size=13, test_maze_sizes=(9,), generator=generator
+        )
+        means[generator] = generate_split(config, "train")["paths"].sum((1, 2)).mean()
+    assert abs(means["from_start"] - 41.0) < 3 and abs(means["random_start"] - 26.9) < 3
+    assert means["from_start"] > means["random_start"] + 10
+
+
+def test_random_start_reproduces_the_first_generator_bit_for_bit():
+    # Digests of the data the project generated before the generator option (commit
+    # f8ca09e, MazeConfig without it), which configs/mazes.py's recorded runs trained on.
+    config = MazeConfig(
+        train_size=60, test_maze_sizes=(9, 13), test_size=12, generator="random_start"
+    )
+    for split, digest in (("train", "18d80cf7c5634384"), ("test_13", "c567dc96d206a4df")):
+        raw = generate_split(config, split)
+        data = raw["grids"].tobytes() + raw["paths"].tobytes()
+        assert hashlib.sha256(data).hexdigest()[:16] == digest
 
 
 @pytest.mark.parametrize("size, side", [(9, 24), (13, 32), (33, 72), (3, 12)])
@@ -184,3 +228,19 @@ def test_task_interface_iterators_and_metrics():
     assert float(m["maze_accuracy"]) == 0.0 and float(m["count"]) == 2.0
     with pytest.raises(ValueError, match="logits"):
         maze_accuracy(np.zeros((2, 24, 24, 2)), np.zeros((2, 32, 32), np.int32))
+
+
+def test_configs_pin_random_start_and_the_benchmark_variant_uses_from_start():
+    full, smoke = maze_config.get_config(), maze_config.get_config("smoke")
+    assert full.task.generator == smoke.task.generator == "random_start"
+    bench, bench_smoke = (
+        maze_config.get_config("benchmark"),
+        maze_config.get_config("benchmark,smoke"),
+    )
+    assert bench.task.generator == bench_smoke.task.generator == "from_start"
+    assert bench.task.train_maze_size == 9 and bench.task.test_maze_sizes == (9, 13, 15, 21)
+    assert set(bench.eval.splits) <= {f"test_{s}" for s in bench.task.test_maze_sizes}
+    assert bench_smoke.train.steps == smoke.train.steps and bench_smoke.task.train_maze_size == 5
+    task = tasks.get(**bench_smoke.task.to_dict())
+    assert task.config.generator == "from_start" and task.config.files_dir == ""
+    assert "--config configs/mazes.py:benchmark" in maze_config.__doc__

@@ -1,10 +1,13 @@
 """Mazes: mark the path from the start to the goal of a perfect maze.
 
 The easy-to-hard maze format. A maze of size ``S`` (odd, ``S >= 3``) has
-``n = (S + 1) / 2`` cells per side, carved by a randomised depth-first search (the
-recursive backtracker, with an explicit stack) from a random root, so the passages form
-a spanning tree of the ``n x n`` grid. Start and goal are distinct random cells; the
-target is the unique path between them.
+``n = (S + 1) / 2`` cells per side, carved by a randomised depth-first search, so the
+passages form a spanning tree of the ``n x n`` grid; start and goal are distinct random
+cells and the target is the unique path between them. ``generator`` says where the
+search starts (`deq_jax.tasks.maze_generator`): ``"from_start"`` (the default) at the
+start cell, as easy-to-hard-data does, which gives longer paths; ``"random_start"`` at a
+random cell, the first generator of this project. ``files_dir`` reads easy-to-hard-data's
+own files instead (`deq_jax.tasks.easy_to_hard_files`).
 
 Pixels. The maze is a ``(2n + 1) x (2n + 1)`` grid: cell ``(r, c)`` is pixel
 ``(2r + 1, 2c + 1)``, the passage between two neighbouring cells is the pixel between
@@ -19,6 +22,9 @@ Storage. Each split is generated in memory from ``(seed, split)`` (a Python loop
 cells: about 0.7 s for 10,000 9x9 mazes, 0.3 s for 1,000 33x33 ones) and cached per
 process as compact ``(2n + 1)^2`` grids; images are rendered per batch. Mazes are
 distinct within a split; the test split of the training size holds no training maze.
+Splits read from easy-to-hard files (``files_dir``) are the first ``train_size`` or
+``test_size`` mazes of ``maze_data_train_{S}`` or ``maze_data_test_{S}``, checked to be
+renderings of compact grids and stored as such; their uniqueness is the files' own.
 
 Batches are ``{"inputs": float32 [b, H, W, 3], "targets": int32 [b, H, W], "mask":
 bool [b], "index": int32 [b]}``; `maze_accuracy` scores logits ``[B, H, W, 2]`` (or
@@ -42,11 +48,18 @@ from collections.abc import Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from deq_jax.tasks import data
+from deq_jax.tasks import data, easy_to_hard_files
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.maze_generator import (
+    FROM_START,
+    GOAL,
+    START,
+    check_generator,
+    draw_maze,
+    draws_per_maze,
+)
 
 TRAIN = "train"
-WALL, OPEN, START, GOAL = 0, 1, 2, 3  # pixel codes of the compact grid
 _COLOURS = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0], [1, 0, 0]], np.float32)  # by code
 _MAX_DRAWS_FACTOR = 20  # give up on distinct mazes after 20 * size + 1000 draws
 
@@ -65,100 +78,6 @@ def check_maze_size(size: int) -> int:
 def image_size(size: int) -> int:
     """Side in pixels of the image of a size-``size`` maze: ``2 * size + 6``."""
     return 2 * (2 * check_maze_size(size) + 1) + 2
-
-
-def carve(n: int, draws: Sequence[float]) -> tuple[list[int], int]:
-    """Carves an ``n x n`` perfect maze with an iterative randomised depth-first search.
-
-    Cells are numbered ``r * n + c``. Each step moves from the cell on top of the stack
-    to a random unvisited neighbour, carving the passage, or pops it if there is none.
-
-    Args:
-      n: cells per side.
-      draws: ``n * n`` floats in ``[0, 1)``: the first picks the root, the others pick
-        one neighbour at each of the ``n * n - 1`` carving steps.
-
-    Returns:
-      ``(parent, root)``: ``parent[c]`` is the cell from which ``c`` was carved (-1 for
-      the root); the passages are exactly the pairs ``(c, parent[c])``.
-    """
-    cells = n * n
-    visited = bytearray(cells)
-    parent = [-1] * cells
-    root = int(draws[0] * cells)
-    visited[root] = 1
-    stack, k = [root], 1
-    while stack:
-        cell = stack[-1]
-        r, c = divmod(cell, n)
-        options = []  # unvisited neighbours: up, down, left, right
-        if r > 0 and not visited[cell - n]:
-            options.append(cell - n)
-        if r < n - 1 and not visited[cell + n]:
-            options.append(cell + n)
-        if c > 0 and not visited[cell - 1]:
-            options.append(cell - 1)
-        if c < n - 1 and not visited[cell + 1]:
-            options.append(cell + 1)
-        if options:
-            nxt = options[int(draws[k] * len(options))]
-            k += 1
-            visited[nxt] = 1
-            parent[nxt] = cell
-            stack.append(nxt)
-        else:
-            stack.pop()
-    return parent, root
-
-
-def tree_path(parent: Sequence[int], start: int, goal: int) -> list[int]:
-    """The cells on the unique path from ``start`` to ``goal`` in a tree, both included."""
-    up = [start]
-    while parent[up[-1]] >= 0:
-        up.append(parent[up[-1]])
-    position = {cell: i for i, cell in enumerate(up)}
-    down = [goal]
-    while down[-1] not in position:
-        down.append(parent[down[-1]])
-    return up[: position[down[-1]]] + down[::-1]
-
-
-def _pixels(cells: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Grid pixel (row, column) of each cell number."""
-    r, c = np.divmod(cells, n)
-    return 2 * r + 1, 2 * c + 1
-
-
-def draw_maze(n: int, draws: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """One maze and its solution as compact grids.
-
-    Args:
-      n: cells per side.
-      draws: ``n * n + 2`` floats in ``[0, 1)``: ``n * n`` for `carve`, then the start
-        and the goal (a different cell).
-
-    Returns:
-      ``(grid, path)``, uint8 ``[2n + 1, 2n + 1]`` each: ``grid`` holds the codes
-      `WALL`, `OPEN`, `START`, `GOAL`; ``path`` is 1 on the pixels of the path.
-    """
-    cells = n * n
-    parent, root = carve(n, draws[:cells])
-    start = int(draws[cells] * cells)
-    goal = int(draws[cells + 1] * (cells - 1))
-    goal += goal >= start
-    side = 2 * n + 1
-    grid, path = np.zeros((2, side, side), np.uint8)  # [2n+1, 2n+1] each
-    grid[1::2, 1::2] = OPEN
-    child = np.array([c for c in range(cells) if c != root])
-    (cr, cc), (pr, pc) = _pixels(child, n), _pixels(np.asarray(parent)[child], n)
-    grid[(cr + pr) // 2, (cc + pc) // 2] = OPEN
-    route = np.array(tree_path(parent, start, goal))
-    rr, rc = _pixels(route, n)
-    path[rr, rc] = 1
-    path[(rr[1:] + rr[:-1]) // 2, (rc[1:] + rc[:-1]) // 2] = 1
-    grid[rr[0], rc[0]] = START
-    grid[rr[-1], rc[-1]] = GOAL
-    return grid, path
 
 
 def render(grids: np.ndarray, paths: np.ndarray) -> dict[str, np.ndarray]:
@@ -183,6 +102,10 @@ class MazeConfig:
       train_maze_size: maze size ``S`` of the training split.
       test_maze_sizes: one test split ``"test_{S}"`` per size.
       test_size: mazes per test split.
+      generator: ``"from_start"`` (easy-to-hard-data's) or ``"random_start"``; see
+        `deq_jax.tasks.maze_generator`.
+      files_dir: if set, the splits are read from easy-to-hard-data's maze folders
+        under it (``maze_data_train_{S}``, ``maze_data_test_{S}``) instead of generated.
     """
 
     seed: int = 0
@@ -190,8 +113,11 @@ class MazeConfig:
     train_maze_size: int = 9
     test_maze_sizes: tuple[int, ...] = (9, 11, 13, 15, 19, 25, 33)
     test_size: int = 1_000
+    generator: str = FROM_START
+    files_dir: str = ""
 
     def __post_init__(self):
+        check_generator(self.generator)
         for size in (self.train_maze_size, *self.test_maze_sizes):
             check_maze_size(size)
         object.__setattr__(self, "test_maze_sizes", tuple(int(s) for s in self.test_maze_sizes))
@@ -225,7 +151,7 @@ class MazeConfig:
 
 @functools.lru_cache(maxsize=32)
 def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
-    """Generates one split, deterministically from ``(config, split)``; cached.
+    """Generates one split with ``config.generator``, deterministically; cached.
 
     Returns:
       ``{"grids": uint8 [N, 2n + 1, 2n + 1], "paths": uint8 [N, 2n + 1, 2n + 1]}``
@@ -243,7 +169,8 @@ def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
     for _ in range(_MAX_DRAWS_FACTOR * count + 1000):
         if len(grids) == count:
             break
-        grid, path = draw_maze(n, rng.random(n * n + 2).tolist())
+        draws = rng.random(draws_per_maze(n, config.generator)).tolist()
+        grid, path = draw_maze(n, draws, generator=config.generator)
         if grid.tobytes() not in seen:
             seen.add(grid.tobytes())
             grids.append(grid)
@@ -258,9 +185,53 @@ def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
     return {"grids": grids, "paths": paths}
 
 
+def compact(inputs: np.ndarray, targets: np.ndarray, what: str = "images") -> dict[str, np.ndarray]:
+    """The inverse of `render`: images ``[N, H, W, 3]`` and targets ``[N, H, W]`` to grids.
+
+    Raises:
+      ValueError: naming ``what`` unless each image is a rendering (2x upscaled, in a
+        zero frame, in the four colours) of a grid with one start and one goal.
+    """
+    colours = inputs[:, 1:-1:2, 1:-1:2]  # [N, g, g, 3]
+    match = (colours[..., None, :] == _COLOURS).all(-1)  # [N, g, g, 4]
+    if not match.any(-1).all():
+        raise ValueError(f"{what}: a pixel is none of black, white, green (start), red (goal).")
+    raw = {"grids": match.argmax(-1).astype(np.uint8), "paths": targets[:, 1:-1:2, 1:-1:2]}
+    raw["paths"] = raw["paths"].astype(np.uint8)
+    again = render(raw["grids"], raw["paths"])
+    if not (np.array_equal(again["inputs"], inputs) and np.array_equal(again["targets"], targets)):
+        raise ValueError(f"{what}: not a maze grid upscaled 2x in a 1-pixel zero frame.")
+    for code, name in ((START, "start"), (GOAL, "goal")):
+        if not ((raw["grids"] == code).sum((1, 2)) == 1).all():
+            raise ValueError(f"{what}: a maze without exactly one {name} cell.")
+    return raw
+
+
+@functools.lru_cache(maxsize=32)
+def read_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
+    """One split from easy-to-hard-data's folders under ``config.files_dir``; cached.
+
+    Returns:
+      `generate_split`'s ``{"grids", "paths"}`` (read-only) for the first
+      ``config.size(split)`` mazes of the folder.
+    """
+    maze_size, count = config.maze_size(split), config.size(split)
+    folder = easy_to_hard_files.maze_folder(config.files_dir, train=split == TRAIN, size=maze_size)
+    chunks = easy_to_hard_files.maze_image_chunks(folder, count, image_size(maze_size))
+    parts = [compact(c["inputs"], c["targets"], f"Mazes in {folder}") for c in chunks]
+    raw = {k: np.concatenate([p[k] for p in parts]) for k in ("grids", "paths")}
+    raw["grids"].flags.writeable = raw["paths"].flags.writeable = False
+    return raw
+
+
+def split_grids(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
+    """`read_split` if ``config.files_dir`` is set, else `generate_split`."""
+    return (read_split if config.files_dir else generate_split)(config, split)
+
+
 def load(split: str, *, config: MazeConfig = MazeConfig()) -> dict[str, np.ndarray]:
     """One whole split, rendered (`render`): ``{"inputs": [N, H, W, 3], "targets": [N, H, W]}``."""
-    raw = generate_split(config, split)
+    raw = split_grids(config, split)
     return render(raw["grids"], raw["paths"])
 
 
@@ -322,8 +293,8 @@ class MazeTask(Task):
         return (image_size(self.config.train_maze_size),) * 2 + (3,)
 
     def source(self, split: str) -> MazeRecords:
-        """The record source of ``split`` (generated once: `generate_split` is cached)."""
-        return MazeRecords(generate_split(self.config, split))
+        """The record source of ``split`` (generated or read once: both are cached)."""
+        return MazeRecords(split_grids(self.config, split))
 
     @staticmethod
     def metrics(logits, targets, mask=None) -> dict:
@@ -339,12 +310,23 @@ def mazes(
     train_maze_size: int = 9,
     test_maze_sizes: tuple[int, ...] = (9, 11, 13, 15, 19, 25, 33),
     test_size: int = 1_000,
+    generator: str = FROM_START,
+    files_dir: str = "",
 ) -> MazeTask:
     """Builds the maze task; the registry's constructor (see `MazeConfig`).
 
-    ``data_dir`` is unused (the mazes are generated in memory).
+    ``data_dir`` is unused (the mazes are generated in memory, or read from
+    ``files_dir``).
     """
-    del data_dir  # Generated in memory.
+    del data_dir  # Generated in memory or read from files_dir.
     return MazeTask(
-        MazeConfig(seed, train_size, train_maze_size, tuple(test_maze_sizes), test_size)
+        MazeConfig(
+            seed=seed,
+            train_size=train_size,
+            train_maze_size=train_maze_size,
+            test_maze_sizes=tuple(test_maze_sizes),
+            test_size=test_size,
+            generator=generator,
+            files_dir=files_dir,
+        )
     )

@@ -15,6 +15,15 @@ cannot overlap the training strings. Test strings of one length are drawn indepe
 of those of any other length. A split asks for at most as many strings as exist
 (``2**L``, less the training strings at ``train_length``); otherwise the config raises.
 
+easy-to-hard files. With ``files_dir`` set, the splits are read from easy-to-hard-data's
+prefix-sum files there instead (``{L}_data.npy`` and ``{L}_targets.npy``, see
+`deq_jax.tasks.easy_to_hard_files`): ``"train"`` is the first ``train_size`` strings of
+the ``train_length`` files, ``"test_{L}"`` the first ``test_size`` of the ``L`` files, or,
+at ``L = train_length``, the ``test_size`` strings after the training ones (so no test
+string is a training row; the files' own strings are unique per length when generated
+by ``make_prefixsums.py`` below 24 bits, and drawn at random above). Targets are checked
+to be the prefix parities of the inputs.
+
 References:
   Schwarzschild et al., "Can You Learn an Algorithm? Generalizing from Easy to Hard
   Problems with Recurrent Networks", NeurIPS 2021.
@@ -29,7 +38,7 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
-from deq_jax.tasks import _tfds, data
+from deq_jax.tasks import _tfds, data, easy_to_hard_files
 from deq_jax.tasks.base import Task
 
 TRAIN = "train"
@@ -251,6 +260,28 @@ def data_source(
         return b.as_data_source(split=split)
 
 
+def read_split(config: PrefixSumConfig, split: str, files_dir: str) -> dict[str, np.ndarray]:
+    """One split from easy-to-hard-data's files in ``files_dir``, as `load` returns it.
+
+    Raises:
+      ValueError: naming the targets file if its targets are not the prefix parities of
+        the inputs (or the file whose shape, length or values are off).
+      FileNotFoundError: naming a missing file.
+    """
+    length, count = config.length(split), config.size(split)
+    start = config.train_size if split != TRAIN and length == config.train_length else 0
+    raw = easy_to_hard_files.read_prefix_sum_files(files_dir, length, start=start, count=count)
+    if not np.array_equal(raw["targets"], cumulative_parity(raw["inputs"])):
+        raise ValueError(
+            f"{files_dir}/{length}_targets.npy: the targets are not the prefix parities of "
+            f"{length}_data.npy (rows {start} to {start + count - 1})."
+        )
+    return {
+        "inputs": raw["inputs"][..., None].astype(np.float32),  # [N, L, 1]
+        "targets": raw["targets"].astype(np.int32),  # [N, L]
+    }
+
+
 def load(
     split: str, *, config: PrefixSumConfig = PrefixSumConfig(), data_dir: str | None = None
 ) -> dict[str, np.ndarray]:
@@ -271,17 +302,25 @@ class PrefixSumTask(Task):
     """The prefix-sum task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
-      config: what to generate.
+      config: what to generate (or, with ``files_dir``, which rows to read).
       data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
+      files_dir: if set, read easy-to-hard-data's ``.npy`` files there (`read_split`).
     """
 
     name = "prefix_sum"
     num_classes = 2
     train_split = TRAIN
 
-    def __init__(self, config: PrefixSumConfig = PrefixSumConfig(), *, data_dir: str | None = None):
+    def __init__(
+        self,
+        config: PrefixSumConfig = PrefixSumConfig(),
+        *,
+        data_dir: str | None = None,
+        files_dir: str = "",
+    ):
         self.config = config
         self.data_dir = data_dir
+        self.files_dir = files_dir
         self._arrays: dict[str, dict[str, np.ndarray]] = {}
 
     @property
@@ -295,8 +334,11 @@ class PrefixSumTask(Task):
         return (self.config.train_length, 1)
 
     def prepare(self) -> None:
-        """Builds the tfds dataset under `data_dir` unless it already exists."""
-        builder(self.config, data_dir=self.data_dir).download_and_prepare()
+        """Builds the tfds dataset under `data_dir` unless it exists (or reads the files)."""
+        if self.files_dir:
+            self.arrays(TRAIN)
+        else:
+            builder(self.config, data_dir=self.data_dir).download_and_prepare()
 
     def num_examples(self, split: str) -> int:
         """Number of strings in ``split``."""
@@ -309,7 +351,10 @@ class PrefixSumTask(Task):
     def arrays(self, split: str) -> dict[str, np.ndarray]:
         """`load`-ed arrays of ``split``, read once and cached."""
         if split not in self._arrays:
-            self._arrays[split] = load(split, config=self.config, data_dir=self.data_dir)
+            if self.files_dir:
+                self._arrays[split] = read_split(self.config, split, self.files_dir)
+            else:
+                self._arrays[split] = load(split, config=self.config, data_dir=self.data_dir)
         return self._arrays[split]
 
     @staticmethod
@@ -329,8 +374,12 @@ def prefix_sum(
     train_length: int = 32,
     test_lengths: tuple[int, ...] = (16, 32, 48, 64, 128, 256, 512),
     test_size: int = 10_000,
+    files_dir: str = "",
 ) -> PrefixSumTask:
-    """Builds the prefix-sum task; the registry's constructor (see `PrefixSumConfig`)."""
+    """Builds the prefix-sum task; the registry's constructor (see `PrefixSumConfig`).
+
+    ``files_dir``: read easy-to-hard-data's ``.npy`` files there instead of generating.
+    """
     config = PrefixSumConfig(
         seed=seed,
         train_size=train_size,
@@ -338,4 +387,4 @@ def prefix_sum(
         test_lengths=tuple(test_lengths),
         test_size=test_size,
     )
-    return PrefixSumTask(config, data_dir=data_dir)
+    return PrefixSumTask(config, data_dir=data_dir, files_dir=files_dir)
