@@ -25,6 +25,10 @@ unless the algorithm says otherwise); in evaluation the solve stops when the res
 passes ``deq.settle_tol`` (1e-6) or when the decoded answer has not changed for
 ``deq.settle_patience`` steps, whichever comes first.
 
+Data: ``task.sampler="clrs30"`` draws the graphs as CLRS's samplers do, so ``train``,
+``val`` and ``test_64`` are CLRS-30's official splits (seeds 1, 2, 3);
+``"generator"`` gives the project's earlier graphs (the same distribution).
+
 Sizes: hidden 64, 2000 steps of batch 32, chosen to finish in well under an hour on a
 2-core CPU per run. Results: BUILD_NOTES.md, "CLRS-30"; each
 algorithm's file names its line.
@@ -64,6 +68,7 @@ def base_config(algorithm: str, train_max_iter: int, eval_max_iter: int) -> Conf
             algorithm=algorithm,
             data_dir="",
             seed=0,
+            sampler="clrs30",  # CLRS's RandomState draws: the official CLRS-30 splits
             train_nodes=16,
             test_nodes=(32, 64),
             train_size=1000,

@@ -52,7 +52,7 @@ from deq_jax import tasks
 from deq_jax.models.clrs.algorithms import bellman_ford, bfs, dfs, dijkstra, mst_kruskal, mst_prim
 from deq_jax.models.clrs.dataset import ClrsConfig
 from deq_jax.models.clrs.evaluation import f1_from_counts, mask_score, pointer_score
-from deq_jax.models.clrs.graphs import adjacency, er_graph
+from deq_jax.models.clrs.graphs import SAMPLERS, adjacency, er_graph, random_stream
 from deq_jax.models.clrs.local_rules import lightest_neighbours, near_tie_gaps
 from deq_jax.models.clrs.model import ClrsModel
 from deq_jax.models.clrs.samplers import (
@@ -93,6 +93,7 @@ __all__ = [
     "ClrsTask",
     "GRAPH_DISTRIBUTIONS",
     "NUM_CATEGORIES",
+    "SAMPLERS",
     "SPECS",
     "ClrsDataset",
     "Example",
@@ -120,6 +121,7 @@ __all__ = [
     "mst_kruskal",
     "mst_prim",
     "pointer_score",
+    "random_stream",
     "run_algorithm",
     "sample_dataset",
     "sample_example",

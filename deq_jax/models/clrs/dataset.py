@@ -4,11 +4,15 @@ Trains on ``train_nodes``-node graphs (CLRS-30: 1000 graphs of 16 nodes, seed 1)
 evaluates on ``"val"`` (``eval_size * multiplier`` graphs of ``train_nodes`` nodes, seed
 2) and one ``"test_{n}"`` split per entry of ``test_nodes`` (as many graphs of ``n``
 nodes, seed 3; CLRS-30 tests at 64). ``seed`` shifts every split's seed by ``3 * seed``
-(0 gives CLRS-30's seeds). `generate_split` gives a split's batchable arrays (see
-`deq_jax.models.clrs.task` for the batch layout): the training split carries the whole
-hint trajectories (``T`` = its longest run), the evaluation splits the first step only
-(``T = 1``: the algorithm's initial state, which CLRS also hands its model), so a test
-split of large graphs stays small.
+(0 gives CLRS-30's seeds). With ``sampler="clrs30"`` (the default) the graphs are drawn
+from CLRS's ``RandomState`` in its call order, so at CLRS-30's sizes and ``seed=0`` the
+``"train"``, ``"val"`` and ``"test_64"`` splits are CLRS-30's official ones, graph for
+graph (other test sizes reuse seed 3 at their node count); ``"generator"`` keeps the
+project's earlier numpy-`Generator` graphs (`graphs.random_stream`). `generate_split`
+gives a split's batchable arrays (see `deq_jax.models.clrs.task` for the batch layout):
+the training split carries the whole hint trajectories (``T`` = its longest run), the
+evaluation splits the first step only (``T = 1``: the algorithm's initial state, which
+CLRS also hands its model), so a test split of large graphs stays small.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -22,6 +26,7 @@ import functools
 import numpy as np
 
 from deq_jax.models.clrs import specs
+from deq_jax.models.clrs.graphs import SAMPLERS, random_stream
 from deq_jax.models.clrs.samplers import CLRS30_SEEDS, sample_example
 
 TRAIN, VAL = "train", "val"
@@ -39,6 +44,8 @@ class ClrsConfig:
       eval_size: validation and test graphs, before the multiplier.
       multiplier: CLRS-30's evaluation-size multiplier.
       seed: shifts every split's seed by ``3 * seed``.
+      sampler: ``"clrs30"`` (CLRS's draws: official splits) or ``"generator"``
+        (`graphs.random_stream`).
     """
 
     algorithm: str = "bellman_ford"
@@ -48,9 +55,15 @@ class ClrsConfig:
     eval_size: int = 32
     multiplier: int = 1
     seed: int = 0
+    sampler: str = "clrs30"
 
     def __post_init__(self):
         specs.check_algorithm(self.algorithm)
+        if self.sampler not in SAMPLERS:
+            raise ValueError(
+                f"ClrsConfig.sampler (config key task.sampler) must be one of "
+                f"{', '.join(SAMPLERS)}, got {self.sampler!r}."
+            )
         object.__setattr__(self, "test_nodes", tuple(int(n) for n in self.test_nodes))
         for field in ("train_nodes", "train_size", "eval_size", "multiplier", "seed"):
             value, least = getattr(self, field), {"train_nodes": 2, "seed": 0}.get(field, 1)
@@ -93,11 +106,11 @@ def generate_split(config: ClrsConfig, split: str) -> dict[str, np.ndarray]:
     """One split as batchable arrays (module docstring); deterministic and cached.
 
     Draws the graphs exactly as `deq_jax.models.clrs.sample_dataset` does (one numpy
-    stream from the split's seed), keeping each example's whole hint trajectory for the
-    training split and its first step otherwise.
+    stream of ``config.sampler`` from the split's seed), keeping each example's whole
+    hint trajectory for the training split and its first step otherwise.
     """
     alg, n, count = config.algorithm, config.nodes(split), config.size(split)
-    rng = np.random.default_rng(config.seed_of(split))
+    rng = random_stream(config.sampler, config.seed_of(split))
     examples = []
     for _ in range(count):
         example = sample_example(alg, rng, n)

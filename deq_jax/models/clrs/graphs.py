@@ -1,8 +1,9 @@
 """Seeded random graphs with the CLRS benchmark's Erdős–Rényi distribution.
 
-`er_graph` follows CLRS's ``Sampler._random_er_graph`` draw for draw (with a numpy
-`Generator` in place of CLRS's ``RandomState``, so the distribution is CLRS's but the
-individual graphs are not):
+`er_graph` follows CLRS's ``Sampler._random_er_graph`` draw for draw. Handed a numpy
+``RandomState`` (`random_stream` with ``"clrs30"``, CLRS's own generator) it draws CLRS's
+graphs exactly; handed a `Generator` (``"generator"``) the distribution is CLRS's but the
+individual graphs are not:
 
 - every ordered pair ``(i, j)``, the diagonal included, draws a Bernoulli(``p``) bit;
 - undirected graphs keep ``(i, j)`` only when both ``(i, j)`` and ``(j, i)`` drew 1, so
@@ -27,9 +28,34 @@ from __future__ import annotations
 
 import numpy as np
 
+Rng = np.random.Generator | np.random.RandomState
+
+# The ways of drawing a dataset's graphs from its seed (`random_stream`).
+SAMPLERS = ("clrs30", "generator")
+
+
+def random_stream(sampler: str, seed: int) -> Rng:
+    """The random stream a dataset's graphs are drawn from.
+
+    Args:
+      sampler: ``"clrs30"``: ``np.random.RandomState(seed)``, consumed in CLRS's call
+        order, so seeds 1, 2, 3 give CLRS-30's official train, val and test graphs;
+        ``"generator"``: ``np.random.default_rng(seed)`` (CLRS's distribution, other
+        graphs).
+      seed: the stream's seed.
+
+    Raises:
+      ValueError: for an unknown sampler, listing the valid ones.
+    """
+    if sampler == "clrs30":
+        return np.random.RandomState(seed)
+    if sampler == "generator":
+        return np.random.default_rng(seed)
+    raise ValueError(f"Unknown CLRS sampler {sampler!r}. Valid samplers: {', '.join(SAMPLERS)}.")
+
 
 def er_graph(
-    rng: np.random.Generator,
+    rng: Rng,
     num_nodes: int,
     p: float,
     *,
@@ -42,7 +68,7 @@ def er_graph(
     """Samples one Erdős–Rényi graph as a dense matrix, as CLRS does.
 
     Args:
-      rng: the random stream (advanced in place).
+      rng: the random stream (advanced in place; see `random_stream`).
       num_nodes: nodes ``n``.
       p: Bernoulli probability of each ordered pair (see the module docstring).
       directed: keep ``(i, j)`` and ``(j, i)`` independent; otherwise symmetric.

@@ -1,15 +1,21 @@
 """CLRS-30 datasets: sample graphs, run the algorithms, batch and pad the probes.
 
 `sample_dataset` draws ``num_examples`` graphs from the algorithm's CLRS distribution
-(`GRAPH_DISTRIBUTIONS`, one seeded numpy stream per dataset), runs the algorithm with
-its hints (`run_algorithm`) and stacks every feature with the batch axis first: inputs
-and outputs ``[N, *shape]``, hints ``[N, T, *shape]`` zero-padded to the dataset's
-longest trajectory ``T``, and ``lengths`` int32 ``[N]`` (valid hint steps per example),
-where ``shape`` is `deq_jax.models.clrs.specs.feature_shape`. `clrs30_splits` builds
-the CLRS-30 train / val / test splits.
+(`GRAPH_DISTRIBUTIONS`, one seeded numpy stream per dataset, `graphs.random_stream`),
+runs the algorithm with its hints (`run_algorithm`) and stacks every feature with the
+batch axis first: inputs and outputs ``[N, *shape]``, hints ``[N, T, *shape]``
+zero-padded to the dataset's longest trajectory ``T``, and ``lengths`` int32 ``[N]``
+(valid hint steps per example), where ``shape`` is
+`deq_jax.models.clrs.specs.feature_shape`. `clrs30_splits` builds the CLRS-30 train /
+val / test splits.
 
 As in CLRS, the seed alone fixes the graphs: algorithms sharing a distribution
-(Bellman-Ford, Dijkstra, Prim) see the same graphs and sources for the same seed.
+(Bellman-Ford, Dijkstra, Prim) see the same graphs and sources for the same seed. With
+the default ``sampler="clrs30"`` the stream is CLRS's ``np.random.RandomState(seed)``
+consumed in its samplers' call order (edge probability from the ``p`` tuple, graph,
+source), so `clrs30_splits` are CLRS-30's official splits, graph for graph;
+``"generator"`` draws from a numpy `Generator` instead (the same distribution, other
+graphs: the project's splits before issue 35).
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022
@@ -30,7 +36,7 @@ from deq_jax.models.clrs import specs
 from deq_jax.models.clrs.algorithms.shortest_paths import bellman_ford, dijkstra
 from deq_jax.models.clrs.algorithms.spanning_trees import mst_kruskal, mst_prim
 from deq_jax.models.clrs.algorithms.traversal import bfs, dfs
-from deq_jax.models.clrs.graphs import adjacency, er_graph
+from deq_jax.models.clrs.graphs import Rng, adjacency, er_graph, random_stream
 
 Arrays = dict[str, np.ndarray]
 
@@ -229,7 +235,7 @@ def run_algorithm(algorithm: str, A: np.ndarray, source: int | None = None) -> E
 
 def sample_example(
     algorithm: str,
-    rng: np.random.Generator,
+    rng: Rng,
     num_nodes: int,
     p: float | Sequence[float] | None = None,
 ) -> Example:
@@ -237,7 +243,11 @@ def sample_example(
 
     Args:
       algorithm: a name in `deq_jax.models.clrs.specs.ALGORITHMS`.
-      rng: the random stream (advanced in place: graph, then source, as CLRS).
+      rng: the random stream (advanced in place, as CLRS: edge probability, graph,
+        source). A ``RandomState`` follows CLRS's calls exactly (``rng.choice(p)``
+        even for one value, the source by ``rng.choice(n)``), so it draws CLRS's
+        examples; a `Generator` draws ``p`` only from a sequence and the source by
+        ``rng.integers(n)``.
       num_nodes: nodes ``n``.
       p: overrides the distribution's ``p``; a sequence draws one value per graph,
         as CLRS's samplers do with a tuple.
@@ -247,10 +257,11 @@ def sample_example(
     """
     specs.check_algorithm(algorithm)
     dist = GRAPH_DISTRIBUTIONS[algorithm]
+    clrs_calls = isinstance(rng, np.random.RandomState)
     if p is None:
         p = dist.p
-    elif not np.isscalar(p):
-        p = float(rng.choice(np.asarray(p, dtype=np.float64)))
+    if clrs_calls or not np.isscalar(p):
+        p = float(rng.choice(np.atleast_1d(np.asarray(p, dtype=np.float64))))
     A = er_graph(
         rng,
         num_nodes,
@@ -261,7 +272,9 @@ def sample_example(
         high=dist.high,
     )
     needs_source = "s" in specs.names(algorithm, specs.Stage.INPUT)
-    source = int(rng.integers(num_nodes)) if needs_source else None
+    source = None
+    if needs_source:
+        source = int(rng.choice(num_nodes) if clrs_calls else rng.integers(num_nodes))
     return run_algorithm(algorithm, A, source)
 
 
@@ -299,6 +312,7 @@ def sample_dataset(
     *,
     p: float | tuple[float, ...] | None = None,
     with_hints: bool = True,
+    sampler: str = "clrs30",
 ) -> ClrsDataset:
     """Samples a batched dataset, deterministically from its arguments; cached.
 
@@ -311,19 +325,22 @@ def sample_dataset(
       with_hints: keep the hints; without them ``hints`` is empty (``lengths`` stays),
         which saves memory where they are not used: Kruskal's ``in_mst_h`` is
         ``[N, T, n, n]`` with ``T`` ~ 1500 at n = 128 (~3 GB for 32 graphs).
+      sampler: the random stream, `graphs.random_stream`: ``"clrs30"`` (CLRS's
+        ``RandomState`` draws: ``clrs.build_sampler(algorithm, num_examples, seed=seed,
+        length=num_nodes)``'s examples) or ``"generator"``.
 
     Returns:
       The `ClrsDataset` (read-only arrays; see the module docstring for the layout).
 
     Raises:
-      ValueError: for an unknown algorithm (the message lists the valid ones) or a
-        non-positive size.
+      ValueError: for an unknown algorithm or sampler (the message lists the valid
+        ones) or a non-positive size.
     """
     specs.check_algorithm(algorithm)
     _check_count("num_examples", num_examples, 1)
     _check_count("num_nodes", num_nodes, 1)
     _check_count("seed", seed, 0)
-    rng = np.random.default_rng(seed)
+    rng = random_stream(sampler, seed)
     examples = []
     for _ in range(num_examples):
         example = sample_example(algorithm, rng, num_nodes, p)
@@ -346,14 +363,16 @@ def clrs30_splits(
     eval_size: int = 32,
     multiplier: int = 1,
     with_hints: bool = True,
+    sampler: str = "clrs30",
 ) -> dict[str, ClrsDataset]:
     """The CLRS-30 splits of one algorithm.
 
     ``train``: ``train_size`` graphs of ``train_nodes`` nodes (seed 1); ``val``:
     ``eval_size * multiplier`` graphs of ``train_nodes`` nodes (seed 2); ``test``:
     ``eval_size * multiplier`` graphs of ``test_nodes`` nodes (seed 3). The defaults
-    are CLRS-30's (its multiplier is 1 for the six graph algorithms here);
-    ``with_hints`` as in `sample_dataset`.
+    are CLRS-30's (its multiplier is 1 for the six graph algorithms here); with them
+    and ``sampler="clrs30"`` the splits are CLRS-30's official ones, graph for graph.
+    ``with_hints`` and ``sampler`` as in `sample_dataset`.
 
     Returns:
       ``{"train", "val", "test"}`` -> `ClrsDataset`.
@@ -367,6 +386,8 @@ def clrs30_splits(
         "test": (eval_size * multiplier, test_nodes),
     }
     return {
-        split: sample_dataset(algorithm, count, nodes, CLRS30_SEEDS[split], with_hints=with_hints)
+        split: sample_dataset(
+            algorithm, count, nodes, CLRS30_SEEDS[split], with_hints=with_hints, sampler=sampler
+        )
         for split, (count, nodes) in sizes.items()
     }

@@ -271,13 +271,15 @@ def clrs(
     non_tree_edge_weight: float = 1.0,
     extra_edge_rate: float = 0.0,
     weight_power: float = 1.0,
+    sampler: str = "clrs30",
 ) -> ClrsTask:
     """Builds a CLRS-30 task; the registry's constructor (see `ClrsConfig`).
 
     ``data_dir`` is accepted for a uniform call signature and unused (generated in
     memory). ``non_tree_edge_weight`` weighs Kruskal's loss; ``extra_edge_rate`` adds
     output-preserving edges to the training graphs and ``weight_power`` raises the
-    MSTs' training weights (see `ClrsTask`).
+    MSTs' training weights (see `ClrsTask`); ``sampler`` picks the random stream
+    (``"clrs30"``: CLRS-30's official graphs, or ``"generator"``; see `ClrsConfig`).
     """
     del data_dir  # Generated in memory.
     config = ClrsConfig(
@@ -288,6 +290,7 @@ def clrs(
         eval_size=eval_size,
         multiplier=multiplier,
         seed=seed,
+        sampler=sampler,
     )
     return ClrsTask(
         config,
