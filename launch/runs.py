@@ -14,6 +14,10 @@ from typing import Any
 # else (task, model, solver, backward, optimiser, regularisers, interventions) must
 # match, or the report would analyse a model under a config that did not train it.
 LOADABLE_CHANGES = ("train.steps", "train.stop_at_step", "task.test_", "eval.", "log.", "ckpt.")
+# Fields added after runs were trained without them, with the value that reproduces what
+# those runs did: a saved config that lacks one compares as if it held that value (a CLRS
+# run from before the official CLRS-30 splits drew its graphs with numpy's Generator).
+LEGACY_VALUES = {"task.sampler": "generator", "task.generator": "random_start"}
 
 
 class RunConfigMismatchError(ValueError):
@@ -40,7 +44,8 @@ def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
     Fields in `LOADABLE_CHANGES` are skipped, and so are fields ``saved`` lacks (a run
     trained before the field existed); a field only ``saved`` has is shown as
     ``<missing>``. A ``saved`` config of the layout before ``config.deq`` compares under
-    the new names (``solver.tol`` as ``deq.solver.tol``, `renamed_key`).
+    the new names (``solver.tol`` as ``deq.solver.tol``, `renamed_key`); one that lacks
+    a field of `LEGACY_VALUES` compares as if it held the legacy value.
     """
     from deq_jax.training.build import renamed_key
     from deq_jax.training.train import config_json
@@ -48,6 +53,10 @@ def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
     # Through the same JSON as the saved file, so tuples compare equal to its lists.
     old = {renamed_key(k) or k: v for k, v in _flatten(saved).items()}
     new = _flatten(json.loads(config_json(config)))
+    for key, value in LEGACY_VALUES.items():
+        section = key.split(".")[0] + "."
+        if key in new and key not in old and any(k.startswith(section) for k in old):
+            old[key] = value
     diffs = []
     for key in sorted(old):
         if any(key == f or (f[-1] in "._" and key.startswith(f)) for f in LOADABLE_CHANGES):

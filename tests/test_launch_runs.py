@@ -84,6 +84,17 @@ def test_a_run_of_the_old_layout_compares_under_the_new_names(tmp_path):
     ]
 
 
+def test_a_clrs_run_from_before_the_official_splits_is_refused(tmp_path):
+    config = clrs_bellman_ford.get_config()
+    train._write_config(config, str(tmp_path))
+    with open(tmp_path / "config.json") as f:
+        saved = json.load(f)
+    del saved["task"]["sampler"]  # trained on numpy-Generator graphs
+    assert runs.config_differences(saved, config) == ["task.sampler: 'generator' -> 'clrs30'"]
+    config.task.sampler = "generator"
+    assert runs.config_differences(saved, config) == []
+
+
 def test_apply_overrides_sets_typed_fields_and_rejects_unknown_keys():
     from launch.main import UnknownOverrideError
 
