@@ -246,8 +246,8 @@ def data_source(
     """
     config.check_split(split)
     b = builder(config, data_dir=data_dir)
+    _tfds.prepare(b)
     with _tfds.quiet():
-        b.download_and_prepare()
         return b.as_data_source(split=split)
 
 
@@ -296,7 +296,7 @@ class PrefixSumTask(Task):
 
     def prepare(self) -> None:
         """Builds the tfds dataset under `data_dir` unless it already exists."""
-        builder(self.config, data_dir=self.data_dir).download_and_prepare()
+        _tfds.prepare(builder(self.config, data_dir=self.data_dir))
 
     def num_examples(self, split: str) -> int:
         """Number of strings in ``split``."""
