@@ -36,8 +36,9 @@ def prepare(builder: Any) -> None:
     that line and tfds' "downloaded and prepared" line are dropped and replaced by
     ours, which name the directory and the time the build took.
     """
-    if builder.is_prepared():
-        return
+    with quiet():  # is_prepared() warns about the variant folder it has not made yet
+        if builder.is_prepared():
+            return
     print(
         f"Generating the {builder.name} data in {builder.data_dir} (once: later runs reuse it)...",
         flush=True,

@@ -355,10 +355,11 @@ def train_and_evaluate(
         report: dict[str, dict[str, dict]] = {}
         if last_step >= total:
             same = _eval_budget_name(config)
+            eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
             emit(
-                f"Final evaluation at step {last_step} on every batch of each split"
-                + ("" if same else ", first at the eval budget")
-                + f", then at budgets {_budgets(config)}:"
+                f"Final evaluation at step {last_step}: "
+                + ("" if same else f"the eval budget ({eval_budget} iterations), then ")
+                + f"budgets {_budgets(config)}, a line per split:"
             )
             if not same:
                 eval_metrics = run_eval(last_step, full=True)
