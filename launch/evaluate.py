@@ -7,8 +7,10 @@ Usage::
 
 Pass the config (and overrides) the checkpoint was trained with. Without ``--splits``
 every eval split of the task is used; without ``--max_iters`` the budgets are
-``eval.budget_multipliers`` times ``deq.train_max_iter``. The table is printed and
-written as JSON to ``--output`` (default ``{workdir}/evaluation.json``).
+``eval.budget_multipliers`` times ``deq.train_max_iter``. A line per split and budget
+is printed as it is done, then the table, also written as JSON to ``--output``
+(default ``{workdir}/evaluation.json``). A workdir without a checkpoint is refused at
+once (nothing generated or created).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 from collections.abc import Sequence
 
 from absl import flags
@@ -30,11 +33,21 @@ _OUTPUT = flags.DEFINE_string("output", "", "JSON output path (default {workdir}
 def main(argv: Sequence[str]) -> None:
     launch_main.reject_arguments(argv)
     from deq_jax.training import evaluate_checkpoint
+    from deq_jax.training.checkpoint import saved_steps
 
     launch_main.quiet_library_logs()
+    config = launch_main.checked_config()
     workdir = launch_main._WORKDIR.value
+    if not saved_steps(workdir):
+        print(
+            f"FATAL No checkpoint in {os.path.join(workdir, 'checkpoints')}: train one first "
+            f"(python -m launch.main --config ... --workdir {workdir}).",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)
     report = evaluate_checkpoint(
-        launch_main._CONFIG.value,
+        config,
         workdir,
         splits=_SPLITS.value,
         max_iters=[int(k) for k in _MAX_ITERS.value],

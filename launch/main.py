@@ -8,8 +8,11 @@ Usage::
 Only ``--config`` (an `ml_collections` config file, locked: an override can change a
 field but not add one) and ``--workdir`` are flags; everything else is a config field.
 An override naming an unknown field fails before anything runs, naming the valid
-fields of its section. The library receives the config object through
-`deq_jax.training.train_and_evaluate(config, workdir)`; it never reads flags.
+fields of its section; so does a config the library refuses (an unknown solver name, an
+empty ``--workdir``, a batch size of 0: `deq_jax.training.setup.check_config`), in one
+line and before any data is generated or any directory created. The library receives
+the config object through `deq_jax.training.train_and_evaluate(config, workdir)`; it
+never reads flags.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 
 from deq_jax.training.build import renamed_key
+from deq_jax.training.setup import check_config
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -107,10 +111,22 @@ def validate_argv(argv: Sequence[str]) -> None:
         check_overrides(load_config_file(spec), keys)
 
 
+def checked_config() -> ConfigDict:
+    """The ``--config`` after `check_config` with ``--workdir``; a refused config ends
+    the process with one ``FATAL`` line on stderr (exit status 2), no traceback."""
+    config = _CONFIG.value
+    try:
+        check_config(config, _WORKDIR.value)
+    except ValueError as e:
+        print(f"FATAL config error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    return config
+
+
 def main(argv: Sequence[str]) -> None:
     reject_arguments(argv)
     quiet_library_logs()
-    config, emit = _CONFIG.value, functools.partial(print, flush=True)
+    config, emit = checked_config(), functools.partial(print, flush=True)
     language = "seq_len" in config.train  # a language model: segments with memory
     if config.get("neural_solver", {}).get("deq_workdir", "") and language:
         from deq_jax.training.lm_hypersolver import train_lm_hypersolver

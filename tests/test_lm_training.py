@@ -94,6 +94,30 @@ def test_resume_is_exact(corpus, trained, tmp_path):
     )
 
 
+def test_rerunning_a_finished_run_says_so_and_writes_nothing(corpus, trained):
+    workdir, result, _ = trained
+
+    def tree():
+        found = {}
+        for root, dirs, files in os.walk(workdir):
+            found[root] = sorted(dirs)
+            for name in files:
+                path = os.path.join(root, name)
+                found[path] = (os.path.getmtime(path), os.path.getsize(path))
+        return found
+
+    before = tree()
+    lines = []
+    again = train_language_model(smoke_config(corpus), workdir, emit=lines.append)
+    assert len(lines) == 1 and f"The run in {workdir} is finished (step 4" in lines[0]
+    assert tree() == before
+    assert again.step == 4
+    for split in ("valid", "test"):
+        np.testing.assert_allclose(
+            again.eval_metrics[split]["bpc"], result.eval_metrics[split]["bpc"], rtol=1e-6
+        )
+
+
 def test_other_vocabulary_is_refused(trained, tmp_path):
     workdir, _, _ = trained
     other = tmp_path / "other.txt"

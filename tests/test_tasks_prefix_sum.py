@@ -203,3 +203,17 @@ def test_task_iterators_and_metrics(data_dir):
     assert merged == {"count": 50.0, "bit_accuracy": 1.0, "string_accuracy": 1.0}
     with pytest.raises(ValueError, match="Valid splits"):
         task.eval_iterator("test_16", 16)
+
+
+def test_prepare_says_it_generates_once_and_never_downloading(tmp_path, capfd):
+    task = tasks.get("prefix_sum", data_dir=str(tmp_path), **SMALL)
+    task.prepare()
+    out = capfd.readouterr().out
+    assert "Downloading" not in out and "downloaded" not in out
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert lines[0].startswith(f"Generating the prefix_sum data in {tmp_path}/prefix_sum/")
+    assert lines[0].endswith("(once: later runs reuse it)...")
+    assert lines[1].startswith("Generated the prefix_sum data in ") and lines[1].endswith(" s.")
+    task.prepare()
+    assert capfd.readouterr().out == ""

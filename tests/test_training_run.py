@@ -1,7 +1,10 @@
-"""End-to-end: the smoke prefix-sum run, resuming, refusing a wrong checkpoint, NaN stops."""
+"""End-to-end: the smoke prefix-sum run, resuming, refusing a wrong checkpoint, NaN stops,
+rerunning a finished run."""
 
 import json
 import os
+import shutil
+import time
 
 import chex
 import jax
@@ -161,3 +164,68 @@ def test_evaluate_checkpoint_on_any_split_and_budget(finished):
 def test_evaluate_checkpoint_needs_a_checkpoint(tmp_path, data_dir):
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         evaluate_checkpoint(smoke_config(data_dir), str(tmp_path), emit=quiet)
+
+
+def _tree(directory):
+    """Every file (with its mtime and bytes) and every directory under ``directory``."""
+    dirs = sorted(os.path.relpath(root, directory) for root, _, _ in os.walk(directory))
+    return dirs, _snapshot(directory)
+
+
+def test_final_evaluation_prints_a_short_line_per_split_before_the_report(finished):
+    _, _, _, lines = finished
+    start = next(i for i, line in enumerate(lines) if line.startswith("Final evaluation at step 6"))
+    table = next(i for i, line in enumerate(lines) if line.startswith("Per-length accuracy"))
+    assert lines[start - 1].startswith("step 6/6")
+    progress = lines[start + 1 : table]
+    assert [line.split(":")[0].strip() for line in progress] == [
+        "1x (6 iterations) test_16",
+        "1x (6 iterations) test_32",
+        "2x (12 iterations) test_16",
+        "2x (12 iterations) test_32",
+    ]
+    assert all("bit_accuracy" in line and "nstep_mean" in line for line in progress)
+    assert not any(line.startswith("eval step") for line in lines[table:])
+    for line in lines:
+        if line.startswith("eval step") or line in progress:
+            assert len(line) <= 105, line
+
+
+def test_rerunning_a_finished_run_says_so_and_writes_nothing(finished):
+    config, workdir, result, _ = finished
+    before = _tree(workdir)
+    lines = []
+    again = train_and_evaluate(config, workdir, emit=lines.append)
+    assert len(lines) == 1
+    assert f"The run in {workdir} is finished (step 6, train.steps=6)" in lines[0]
+    assert "Raise --config.train.steps to train further" in lines[0]
+    assert _tree(workdir) == before
+    assert again.step == 6 and set(again.report) == set(result.report)
+    chex.assert_trees_all_close(again.report, result.report, rtol=1e-6)
+    chex.assert_trees_all_close(again.eval_metrics, result.eval_metrics, rtol=1e-6)
+
+
+def test_a_larger_train_steps_continues_without_duplicates_and_keeps_the_time(finished, tmp_path):
+    config, workdir, _, _ = finished
+    run_dir = tmp_path / "run"
+    shutil.copytree(workdir, run_dir)
+    report_path = run_dir / "length_generalization.json"
+    saved = json.loads(report_path.read_text())
+    saved["train_seconds"] = 1000.0  # a known earlier training time
+    report_path.write_text(json.dumps(saved))
+    longer = smoke_config(config.task.data_dir)
+    longer.train.steps = 8
+    lines = []
+    began = time.perf_counter()
+    result = train_and_evaluate(longer, str(run_dir), emit=lines.append)
+    wall = time.perf_counter() - began
+    assert "resuming from step 6" in lines[0] and result.step == 8
+    report = json.loads(report_path.read_text())
+    assert report["step"] == 8
+    assert 1000.0 < report["train_seconds"] < 1000.0 + wall
+    keys = [(r["step"], r["split"]) for r in writers.read_metrics(str(run_dir))]
+    assert len(keys) == len(set(keys))
+    assert {(6, "test_16_1x"), (8, "test_16_1x"), (8, "train")} <= set(keys)
+    lines = []
+    train_and_evaluate(longer, str(run_dir), emit=lines.append)
+    assert len(lines) == 1 and "is finished (step 8, train.steps=8)" in lines[0]

@@ -295,7 +295,7 @@ class ImageFilesData:
             if not b.is_prepared():
                 checked = self.splits_and_metadata(shape)  # before anything is written
                 b = builder(name, shape, data_dir=self.data_dir, load=lambda: checked)
-                b.download_and_prepare()
+                _tfds.prepare(b)
         self.mean = np.asarray(b.info.metadata["mean"], np.float32)
         self.std = np.asarray(b.info.metadata["std"], np.float32)
         self._builder = b

@@ -255,8 +255,8 @@ def data_source(
     """
     config.check_split(split)
     b = builder(config, data_dir=data_dir)
+    _tfds.prepare(b)
     with _tfds.quiet():
-        b.download_and_prepare()
         return b.as_data_source(split=split)
 
 
@@ -338,7 +338,7 @@ class PrefixSumTask(Task):
         if self.files_dir:
             self.arrays(TRAIN)
         else:
-            builder(self.config, data_dir=self.data_dir).download_and_prepare()
+            _tfds.prepare(builder(self.config, data_dir=self.data_dir))
 
     def num_examples(self, split: str) -> int:
         """Number of strings in ``split``."""

@@ -182,7 +182,7 @@ class TextTask:
             if not b.is_prepared():
                 corpus = self._load()  # validated before anything is written
                 b = builder(name, data_dir=self.data_dir, load=lambda: corpus)
-                b.download_and_prepare()
+                _tfds.prepare(b)
         self._vocab = Vocabulary.from_json(b.info.metadata[_VOCAB_KEY])
         self._builder = b
 

@@ -7,26 +7,90 @@ checkpoint that does not fit the template (another model shape, another optimise
 refused with a message naming the differences, before anything is read into memory or
 written to disk, so the old checkpoint is left as it was.
 
+A checkpoint that cannot be read (a truncated array file, an empty ``_METADATA``) is
+moved aside to ``{workdir}/checkpoints_unreadable/`` (never deleted), one warning line
+names its step, the damaged file and the error, and the run resumes from the newest
+checkpoint that can be read. If none can be read, nothing is moved and
+`CheckpointUnreadableError` lists every step with its file and error.
+
 References:
   Orbax checkpointing, https://orbax.readthedocs.io (``CheckpointManager``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 
 # How many differing leaves a mismatch message names before it abbreviates.
 _MAX_LISTED = 8
+# Where unreadable checkpoints are moved, next to ``checkpoints/`` in the workdir.
+UNREADABLE_DIR = "checkpoints_unreadable"
+# The longest error text a one-line unreadable-checkpoint message quotes.
+_MAX_ERROR_CHARS = 240
 
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint in the workdir does not fit the state the config builds."""
+
+
+class CheckpointUnreadableError(OSError):
+    """No checkpoint in the workdir can be read (each is damaged)."""
+
+
+def saved_steps(workdir: str) -> list[int]:
+    """The steps of the checkpoints under ``{workdir}/checkpoints``, ascending, read from
+    the directory names alone: nothing is created, opened or generated."""
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def _json_problem(step_dir: str) -> tuple[str, str] | None:
+    """``(path, error)`` of the first JSON metadata file of a checkpoint that does not
+    parse (orbax's own errors do not name it), or ``None``."""
+    for root, _, files in sorted(os.walk(step_dir)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            if not (name.startswith("_") or root.endswith("array_metadatas")):
+                continue
+            try:
+                with open(path) as f:
+                    json.load(f)
+            except (OSError, ValueError) as e:
+                return path, f"{type(e).__name__}: {e}"
+    return None
+
+
+def describe_read_error(step_dir: str, error: BaseException) -> tuple[str, str]:
+    """``(file, error)``: the damaged file of an unreadable checkpoint and the error, in
+    one line each.
+
+    A metadata file that is not valid JSON is named directly; otherwise the innermost
+    error of the chain (TensorStore's, which names the array and the file it read) is
+    quoted, shortened to one line, and the file is the first path it names.
+    """
+    found = _json_problem(step_dir)
+    if found:
+        return found
+    inner = error
+    while inner.__cause__ is not None or inner.__context__ is not None:
+        inner = inner.__cause__ or inner.__context__
+    text = " ".join(str(inner).split())
+    if len(text) > _MAX_ERROR_CHARS:
+        text = text[: _MAX_ERROR_CHARS - 3] + "..."
+    paths = re.findall(r"\"(/[^\"]+)\"", str(inner))
+    return (paths[0] if paths else step_dir), f"{type(inner).__name__}: {text}"
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -97,19 +161,59 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def restore_or_init(self, template: Any) -> tuple[Any, int]:
-        """Restores the latest checkpoint into ``template``; returns ``(state, step)``.
+        """Restores the newest readable checkpoint into ``template``; returns
+        ``(state, step)``.
+
+        Checkpoints are tried newest first. One that cannot be read is moved aside to
+        ``{workdir}/checkpoints_unreadable/{step}`` (after a readable one is found) with
+        a one-line warning naming its step, file and error.
 
         Args:
           template: the freshly initialised state; returned unchanged (with step 0)
             when the workdir has no checkpoint.
 
         Raises:
-          CheckpointMismatchError: if the checkpoint's leaves differ from the
-            template's in structure, shape or dtype. Nothing is written or deleted.
+          CheckpointMismatchError: if the newest readable checkpoint's leaves differ
+            from the template's in structure, shape or dtype. Nothing is written or
+            deleted.
+          CheckpointUnreadableError: if no checkpoint can be read; each is named with
+            its file and error, and nothing is moved.
         """
-        step = self.latest_step()
-        if step is None:
-            return template, 0
+        unreadable: list[tuple[int, str]] = []
+        for step in reversed(self.all_steps()):
+            try:
+                state = self._restore(step, template)
+            except CheckpointMismatchError:
+                raise
+            except Exception as e:  # orbax and TensorStore raise many types
+                file, error = describe_read_error(self._step_dir(step), e)
+                unreadable.append((step, f"{file}: {error}"))
+                continue
+            for bad, reason in unreadable:
+                moved = self._move_aside(bad)
+                logging.warning(
+                    "Checkpoint step %d cannot be read (%s); moved it to %s and resuming "
+                    "from step %d.",
+                    bad,
+                    reason,
+                    moved,
+                    step,
+                )
+            return state, step
+        if unreadable:
+            listed = "\n  ".join(f"step {s}: {reason}" for s, reason in unreadable)
+            raise CheckpointUnreadableError(
+                f"No checkpoint in {self.directory} can be read:\n  {listed}\nNothing was "
+                "moved or deleted. Move the damaged step directories out of the way to start "
+                "from scratch, or use a fresh --workdir."
+            )
+        return template, 0
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _restore(self, step: int, template: Any) -> Any:
+        """Checks checkpoint ``step`` against ``template`` and restores it into it."""
         saved = self._manager.item_metadata(step)
         saved = getattr(saved, "tree", saved)
         problems = describe_mismatch(saved, template)
@@ -123,8 +227,21 @@ class Checkpointer:
                 "the config the checkpoint was written with. The checkpoint was left untouched."
             )
         abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, template)
-        state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        return state, step
+        return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+    def _move_aside(self, step: int) -> str:
+        """Moves checkpoint ``step`` to ``{workdir}/checkpoints_unreadable/`` (the lead
+        process only); returns where it went."""
+        root = os.path.join(os.path.dirname(self.directory), UNREADABLE_DIR)
+        target, n = os.path.join(root, str(step)), 1
+        while os.path.exists(target):
+            n += 1
+            target = os.path.join(root, f"{step}-{n}")
+        if jax.process_index() == 0:
+            os.makedirs(root, exist_ok=True)
+            shutil.move(self._step_dir(step), target)
+        self._manager.reload()
+        return target
 
     def maybe_save(self, step: int, state: Any, *, force: bool = False) -> bool:
         """Saves ``state`` as ``step`` if due (or ``force``); returns whether it saved."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -122,6 +123,7 @@ def length_report(
     state: TrainState,
     splits: Sequence[str],
     budgets: dict[str, int],
+    emit: Callable[[str], None] | None = None,
 ) -> dict[str, dict[str, dict]]:
     """Every split at every named budget: ``{budget_name: {split: metrics}}``.
 
@@ -130,11 +132,21 @@ def length_report(
       state: the train state.
       splits: the splits to report, e.g. ``("test_16", "test_32", ...)``.
       budgets: names to solver budgets, e.g. ``{"1x": 30, "2x": 60, "4x": 120}``.
+      emit: if given, receives one short progress line per budget and split as each
+        is done (`short_metrics` and the seconds it took).
     """
-    return {
-        name: evaluator.evaluate_splits(state, splits, max_iter)
-        for name, max_iter in budgets.items()
-    }
+    report: dict[str, dict[str, dict]] = {}
+    for name, max_iter in budgets.items():
+        report[name] = {}
+        for split in splits:
+            began = time.perf_counter()
+            report[name][split] = metrics = evaluator.evaluate(state, split, max_iter)
+            if emit is not None:
+                emit(
+                    f"  {name} ({max_iter} iterations) {split}: {short_metrics(metrics)}  "
+                    f"{time.perf_counter() - began:.1f} s"
+                )
+    return report
 
 
 def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> str:
@@ -151,6 +163,13 @@ def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> st
 def headline_keys(metrics: dict[str, Any]) -> list[str]:
     """The task-metric keys worth printing: accuracies, ``mse`` and ``score``."""
     return [k for k in metrics if k.endswith("accuracy") or k in ("mse", "score")]
+
+
+def short_metrics(metrics: dict[str, Any]) -> str:
+    """The metrics worth a glance, in one short line: the `headline_keys` and the mean
+    solver steps (everything else is in ``metrics.jsonl``)."""
+    text = "  ".join(f"{k} {metrics[k]:.4f}" for k in headline_keys(metrics))
+    return f"{text}  nstep_mean {metrics['nstep_mean']:.1f}" if "nstep_mean" in metrics else text
 
 
 def read_train_seconds(workdir: str, report_file: str = REPORT_FILE) -> float | None:
@@ -209,8 +228,9 @@ def evaluate_checkpoint(
         config.eval.batch_size,
         settle=SettleRule.from_config(config.deq),
     )
+    emit(f"Checkpoint step {run.start_step} of {workdir}: evaluating, one line per split.")
     report = length_report(
-        evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}
+        evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}, emit=emit
     )
     first = next(iter(next(iter(report.values())).values()))
     keys = headline_keys(first)

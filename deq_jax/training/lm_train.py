@@ -9,7 +9,9 @@ continues exactly). The first ``train.pretrain_steps`` train the same parameters
 weight-tied stack (locuslab's warm-up). Evaluation streams a whole split with the
 memory and reports bits per character (character level) or perplexity (word level), the
 solver's steps per segment and tokens per second; the final report is written to
-``lm_report.json``.
+``lm_report.json``. A finished workdir run again with the same ``train.steps`` says so
+and writes nothing; with a larger one it continues (the report's ``train_seconds`` and
+tokens per second then cover every invocation since the first).
 
 Files in the workdir: ``checkpoints/`` (orbax: ``{"state", "mems"}``), ``vocab.json``
 (the vocabulary the checkpoints were trained on: a run on another vocabulary is
@@ -54,6 +56,15 @@ class LMRunResult(NamedTuple):
     eval_metrics: dict[str, dict]
 
 
+def _previous_report(workdir: str) -> dict | None:
+    """The workdir's ``lm_report.json`` (a finished run's), or ``None``."""
+    path = os.path.join(workdir, REPORT_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def _format(metrics: dict[str, Any]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
 
@@ -86,6 +97,15 @@ def train_language_model(
     mesh, task, model, state, mems = run.mesh, run.task, run.model, run.state, run.mems
     ckpt, start = run.checkpointer, run.start_step
     lead = jax.process_index() == 0
+    previous = _previous_report(workdir)
+    if start >= tc.steps and previous is not None and previous.get("step") == start:
+        ckpt.close()
+        emit(
+            f"The run in {workdir} is finished (step {start}, train.steps={tc.steps}); its "
+            f"report is {os.path.join(workdir, REPORT_FILE)}. Nothing was run or written. "
+            "Raise --config.train.steps to train further, or use a fresh --workdir."
+        )
+        return LMRunResult(state=state, mems=mems, step=start, eval_metrics=previous["eval"])
     if lead:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config_json(config))
@@ -141,6 +161,9 @@ def train_language_model(
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, dict] = {}
     train_seconds, train_tokens = 0.0, 0.0
+    if previous is not None and previous.get("step", start + 1) <= start:
+        train_seconds = previous.get("train_seconds") or 0.0
+        train_tokens = (previous.get("train_tokens_per_second") or 0.0) * train_seconds
     try:
         for step in range(start + 1, stop + 1):
             mode = phase(step)
@@ -179,6 +202,7 @@ def train_language_model(
         ckpt.maybe_save(last_step, {"state": state, "mems": mems}, force=True)
         ckpt.wait()
         if last_step >= tc.steps:
+            emit(f"Final evaluation at step {last_step} on every segment of {eval_splits}:")
             eval_metrics = run_eval(last_step, full=True)
             if lead:
                 report = {

@@ -1,8 +1,9 @@
 """Everything a run needs before its first step, built from the config and the workdir.
 
-`setup` is shared by training and by checkpoint evaluation: it initialises the
-distributed runtime (if asked), builds the mesh, task, model and optimiser, creates the
-train state and restores the workdir's latest checkpoint into it (replicated over the
+`setup` is shared by training and by checkpoint evaluation: it checks the config
+(`check_config`, before anything is created or generated), initialises the distributed
+runtime (if asked), builds the mesh, task, model and optimiser, creates the train state
+and restores the workdir's newest readable checkpoint into it (replicated over the
 mesh).
 """
 
@@ -17,7 +18,7 @@ import optax
 from jax.sharding import Mesh
 
 from deq_jax.training import build, sharding
-from deq_jax.training.checkpoint import Checkpointer
+from deq_jax.training.checkpoint import Checkpointer, saved_steps
 from deq_jax.training.optim import make_optimizer
 from deq_jax.training.state import TrainState, create_train_state
 
@@ -44,22 +45,49 @@ class Run(NamedTuple):
     checkpointer: Checkpointer
 
 
+def check_config(config: Any, workdir: str) -> None:
+    """Checks what can be checked before anything is created or generated: the workdir
+    is named, the config has the current layout, the DEQ's solver and backward mode
+    exist with valid keywords, and the batch sizes and checkpoint settings are positive.
+
+    Raises:
+      ValueError: naming the config key (or ``--workdir``) and the fix.
+    """
+    if not workdir:
+        raise ValueError(
+            "--workdir is empty: name the directory for the run's checkpoints, metrics and "
+            "report, e.g. --workdir=/tmp/run."
+        )
+    build.check_layout(config)
+    build.build_deq_spec(config.deq)
+    positive = [
+        ("train.batch_size", config.train.get("batch_size", 1)),
+        ("eval.batch_size", config.get("eval", {}).get("batch_size", 1)),
+        ("ckpt.every_steps", config.get("ckpt", {}).get("every_steps", 1)),
+        ("ckpt.keep", config.get("ckpt", {}).get("keep", 1)),
+    ]
+    for key, value in positive:
+        if value < 1:
+            raise ValueError(f"config.{key}={value} must be at least 1 (--config.{key}=...).")
+
+
 def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
-    """What every training run does first: checks the config's layout, joins the other
-    processes (``train.distributed``), creates ``workdir``, makes the device mesh and
-    checks the batch size against it, builds the task and prepares its data.
+    """What every training run does first: checks the config (`check_config`), joins
+    the other processes (``train.distributed``), makes the device mesh and checks the
+    batch size against it, then creates ``workdir``, builds the task and prepares its
+    data.
 
     Returns:
       ``(mesh, task)``.
     """
-    build.check_layout(config)
+    check_config(config, workdir)
     tc = config.train
     sharding.initialize_distributed(
         tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
     )
-    os.makedirs(workdir, exist_ok=True)
     mesh = sharding.make_mesh()
     sharding.check_batch_size(tc.batch_size, mesh)
+    os.makedirs(workdir, exist_ok=True)
     task = build.build_task(config.task, workdir)
     task.prepare()
     return mesh, task
@@ -119,9 +147,16 @@ def restore_trained(config: Any, workdir: str, purpose: str) -> Run:
       purpose: what the run is restored for, in the error ("to evaluate").
 
     Raises:
-      FileNotFoundError: if the workdir holds no checkpoint.
+      FileNotFoundError: if the workdir holds no checkpoint (said before any data is
+        generated or any directory created).
       CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
     """
+    if not saved_steps(workdir):
+        raise FileNotFoundError(
+            f"No checkpoint in {os.path.join(workdir, 'checkpoints')} {purpose}: train one "
+            f"first (python -m launch.main --config ... --workdir {workdir}), or pass the "
+            "--workdir of a trained run."
+        )
     run = setup(config, workdir)
     run.checkpointer.close()
     if run.start_step == 0:

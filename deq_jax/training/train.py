@@ -4,16 +4,18 @@ One call builds everything from the config (`deq_jax.training.build`), restores 
 latest checkpoint of the workdir if there is one, trains to ``config.train.steps``
 with the data iterator resumed at the restored step, logs and evaluates periodically,
 saves checkpoints, and ends with the per-length accuracy report at several multiples
-of the train budget (printed and written to ``length_generalization.json``). A task
+of the train budget (printed split by split as it runs, and written to
+``length_generalization.json``). A finished workdir run again with the same
+``train.steps`` says so and writes nothing; with a larger one it continues. A task
 without ``num_classes`` is trained as a regression (mean squared error), and the
 ``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
 (`deq_jax.training.regularizer`); ``neural_solver.alternating`` interleaves neural-solver
 fits with the DEQ's training (`deq_jax.training.alternating`).
 
 Files in the workdir: ``checkpoints/`` (orbax), ``metrics.jsonl``, ``tensorboard/``,
-``length_generalization.json`` (with ``train_seconds``, the wall time of this
-invocation's training loop), ``config.json`` and ``data/`` (generated data, unless
-``task.data_dir`` is set).
+``length_generalization.json`` (with ``train_seconds``, the wall time of the training
+loop, summed over the invocations that continued a finished run), ``config.json`` and
+``data/`` (generated data, unless ``task.data_dir`` is set).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -43,7 +45,7 @@ from deq_jax.training.setup import setup
 from deq_jax.training.solver_fit import NeuralSolverSpec
 from deq_jax.training.state import TrainState
 from deq_jax.training.steps import make_spectral_step, make_train_step
-from deq_jax.training.writers import MetricWriter, ProgressLogger
+from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -127,13 +129,23 @@ def _budgets(config: Any) -> dict[str, int]:
     return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
 
 
+def _previous_report(workdir: str) -> dict | None:
+    """The workdir's ``length_generalization.json`` (a finished run's), or ``None``."""
+    path = os.path.join(workdir, evaluate.REPORT_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
-    """The per-length report at every budget; written as ``{split}_{budget}`` metrics.
-    Every batch of each split counts unless ``eval.report_max_batches`` caps them (a
-    smoke run's seconds-long report)."""
+    """The per-length report at every budget; written as ``{split}_{budget}`` metrics,
+    with one short line per budget and split as it goes. Every batch of each split
+    counts unless ``eval.report_max_batches`` caps them (a smoke run's seconds-long
+    report)."""
     evaluator.max_batches = config.eval.get("report_max_batches", 0)
     step = int(state.step)
-    report = evaluate.length_report(evaluator, state, splits, _budgets(config))
+    report = evaluate.length_report(evaluator, state, splits, _budgets(config), emit=emit)
     for budget, by_split in report.items():
         for split, metrics in by_split.items():
             writer.write(step, f"{split}_{budget}", metrics)
@@ -144,6 +156,24 @@ def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
         + evaluate.format_report(report, keys)
     )
     return report
+
+
+def _eval_budget_name(config: Any) -> str | None:
+    """The report budget (``"1x"``, ...) equal to the eval budget, or ``None``."""
+    eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
+    return next((b for b, k in _budgets(config).items() if k == eval_budget), None)
+
+
+def _finished_result(workdir: str, splits, state: TrainState, step: int, report: dict):
+    """The `RunResult` of a finished run: its saved ``report`` and the evaluation of
+    ``splits`` at ``step`` that its ``metrics.jsonl`` holds."""
+    eval_metrics = {}
+    for record in read_metrics(workdir):
+        if record["step"] == step and record["split"] in splits:
+            eval_metrics[record["split"]] = {
+                k: v for k, v in record.items() if k not in ("step", "split")
+            }
+    return RunResult(state=state, step=step, eval_metrics=eval_metrics, report=report)
 
 
 def _warmup_step(model, pretrain_steps: int, task, run, mesh, regression: bool):
@@ -203,6 +233,16 @@ def train_and_evaluate(
     mesh, task, model, state, start = run.mesh, run.task, run.model, run.state, run.start_step
     ckpt = run.checkpointer
     lead = jax.process_index() == 0
+    previous = _previous_report(workdir)
+    if start >= tc.steps and previous is not None and previous.get("step") == start:
+        ckpt.close()
+        emit(
+            f"The run in {workdir} is finished (step {start}, train.steps={tc.steps}); its "
+            f"report is {os.path.join(workdir, evaluate.REPORT_FILE)}. Nothing was run or "
+            "written. Raise --config.train.steps to train further, or use a fresh --workdir."
+        )
+        splits = tuple(config.eval.splits) or tuple(task.eval_splits)
+        return _finished_result(workdir, splits, state, start, previous["report"])
     if lead:
         _write_config(config, workdir)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
@@ -262,13 +302,11 @@ def train_and_evaluate(
     def run_eval(step: int, full: bool) -> dict[str, dict]:
         if full:
             evaluator.max_batches = 0
-        results = evaluator.evaluate_splits(state, eval_splits)
-        for split, metrics in results.items():
+        results = {}
+        for split in eval_splits:
+            results[split] = metrics = evaluator.evaluate(state, split)
             writer.write(step, split, metrics)
-            emit(
-                f"eval step {step} {split}: "
-                + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k != "count")
-            )
+            emit(f"eval step {step} {split}: {evaluate.short_metrics(metrics)}")
         progress.restart_clock(step)
         return results
 
@@ -312,8 +350,19 @@ def train_and_evaluate(
         ckpt.maybe_save(last_step, state, force=True)
         ckpt.wait()
         train_seconds = time.perf_counter() - began
+        if previous is not None and previous.get("step", start + 1) <= start:
+            train_seconds += previous.get("train_seconds") or 0.0
         report: dict[str, dict[str, dict]] = {}
         if last_step >= total:
+            same = _eval_budget_name(config)
+            eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
+            emit(
+                f"Final evaluation at step {last_step}: "
+                + ("" if same else f"the eval budget ({eval_budget} iterations), then ")
+                + f"budgets {_budgets(config)}, a line per split:"
+            )
+            if not same:
+                eval_metrics = run_eval(last_step, full=True)
             report = _final_report(config, evaluator, state, task.eval_splits, writer, emit)
             if lead:
                 extra = {"step": last_step, "budgets": _budgets(config)}
@@ -321,14 +370,10 @@ def train_and_evaluate(
                     workdir, report, {**extra, "train_seconds": train_seconds}
                 )
                 emit(f"Wrote {path}")
-            eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
-            same = [b for b, k in _budgets(config).items() if k == eval_budget]
             if same:
-                eval_metrics = {s: report[same[0]][s] for s in eval_splits}
+                eval_metrics = {s: report[same][s] for s in eval_splits}
                 for split, metrics in eval_metrics.items():
                     writer.write(last_step, split, metrics)
-            else:
-                eval_metrics = run_eval(last_step, full=True)
     finally:
         ckpt.close()
         writer.close()

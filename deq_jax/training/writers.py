@@ -3,8 +3,11 @@
 `MetricWriter` appends one JSON object per call to ``{workdir}/metrics.jsonl`` (each
 tagged with its ``step`` and ``split``) and writes the same scalars to TensorBoard with
 tensorboardX (no TensorFlow needed) under ``{workdir}/tensorboard``, one subdirectory
-per split so that curves of different splits overlay. `ProgressLogger` turns train
-metrics into a human line with steps/s and ETA. Only the lead process (index 0) writes.
+per split so that curves of different splits overlay. A record whose step and split
+the file already holds (written by an earlier invocation in the same workdir: a run
+resumed from an older checkpoint repeats the steps after it) is not written again, to
+either place. `ProgressLogger` turns train metrics into a human line with steps/s and
+ETA. Only the lead process (index 0) writes.
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ class MetricWriter:
         self._tb_root = os.path.join(workdir, TENSORBOARD_DIR)
         self._tensorboard = tensorboard and enabled
         self._tb: dict[str, SummaryWriter] = {}
-        if enabled:
-            os.makedirs(workdir, exist_ok=True)
+        # (step, split) of the records earlier invocations wrote: never written twice.
+        self._written_before: set[tuple[int, str]] = set()
+        if enabled and os.path.exists(self.path):
+            self._written_before = {(r["step"], r["split"]) for r in read_metrics(workdir)}
 
     def _board(self, split: str) -> SummaryWriter:
         if split not in self._tb:
@@ -58,10 +63,12 @@ class MetricWriter:
         return self._tb[split]
 
     def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Records scalar ``metrics`` of ``split`` at ``step``; returns the JSON record."""
+        """Records scalar ``metrics`` of ``split`` at ``step`` (unless an earlier
+        invocation recorded that step and split); returns the JSON record."""
         record = {"step": int(step), "split": split, **to_python(metrics)}
-        if not self.enabled:
+        if not self.enabled or (record["step"], split) in self._written_before:
             return record
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tensorboard:

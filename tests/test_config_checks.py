@@ -1,0 +1,122 @@
+"""Config-time errors fail at once, clearly, before any data or directory (issue 36)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import prefix_sum
+from deq_jax.training import evaluate_checkpoint, train_and_evaluate
+from deq_jax.training.setup import check_config
+from launch import main as launch_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cli(module, *args):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _config(**fields):
+    config = prefix_sum.get_config("smoke")
+    for dotted, value in fields.items():
+        section, _, key = dotted.rpartition("__")
+        node = config
+        for part in section.split("__"):
+            node = node[part]
+        node[key] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (
+            {"deq__solver__name": "andersn"},
+            "Unknown solver 'andersn'. Valid solvers: anderson, broyden, fixed_point_iteration.",
+        ),
+        ({"deq__backward__name": "ifft"}, "ifft"),
+        ({"train__batch_size": 0}, "config.train.batch_size=0 must be at least 1"),
+        ({"eval__batch_size": 0}, "config.eval.batch_size=0 must be at least 1"),
+        ({"ckpt__keep": 0}, "config.ckpt.keep=0 must be at least 1"),
+    ],
+)
+def test_config_errors_come_before_any_data_or_directory(tmp_path, fields, message):
+    workdir = tmp_path / "w"
+    with pytest.raises(ValueError) as info:
+        train_and_evaluate(_config(**fields), str(workdir), emit=lambda line: None)
+    assert message in str(info.value)
+    assert not workdir.exists()
+
+
+def test_empty_workdir_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="--workdir is empty"):
+        train_and_evaluate(_config(), "", emit=lambda line: None)
+    assert os.listdir(tmp_path) == []
+
+
+def test_every_shipped_config_passes_the_check():
+    names = sorted(os.listdir(os.path.join(ROOT, "configs")))
+    checked = 0
+    for name in names:
+        if not name.endswith(".py") or name in ("__init__.py", "default.py"):
+            continue
+        spec = os.path.join(ROOT, "configs", name)
+        if "def get_config" not in open(spec).read():
+            continue  # a helper module (clrs_base.py)
+        check_config(launch_main.load_config_file(spec), "/tmp/unused")
+        checked += 1
+    assert checked >= 10
+
+
+def test_evaluate_without_a_checkpoint_creates_and_generates_nothing(tmp_path):
+    workdir = tmp_path / "w"
+    with pytest.raises(FileNotFoundError, match=r"No checkpoint in .*w/checkpoints to evaluate"):
+        evaluate_checkpoint(_config(), str(workdir), emit=lambda line: None)
+    assert not workdir.exists()
+    workdir.mkdir()
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        evaluate_checkpoint(_config(), str(workdir), emit=lambda line: None)
+    assert os.listdir(workdir) == []
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("--config.deq.solver.name=andersn",), "FATAL config error: Unknown solver 'andersn'"),
+        (("--config.solver.name=andersn",), "has moved to --config.deq.solver.name"),
+        (("--config.train.batch_size=0",), "FATAL config error: config.train.batch_size=0"),
+    ],
+)
+def test_command_line_config_errors_are_one_line_and_fast(tmp_path, args, message):
+    workdir = tmp_path / "w"
+    proc = _cli(
+        "launch.main", "--config", "configs/prefix_sum.py:smoke", f"--workdir={workdir}", *args
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr and "Generating" not in proc.stdout
+    assert not workdir.exists()
+
+
+def test_command_line_empty_workdir_and_evaluate_without_checkpoint(tmp_path):
+    proc = _cli("launch.main", "--config", "configs/prefix_sum.py:smoke", "--workdir=")
+    assert proc.returncode == 2 and "FATAL config error: --workdir is empty" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    workdir = tmp_path / "w"
+    proc = _cli(
+        "launch.evaluate", "--config", "configs/prefix_sum.py:smoke", f"--workdir={workdir}"
+    )
+    assert proc.returncode == 2 and f"No checkpoint in {workdir}/checkpoints" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Generating" not in proc.stdout
+    assert not workdir.exists()
