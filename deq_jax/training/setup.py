@@ -55,13 +55,17 @@ def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
     build.check_layout(config)
     tc = config.train
     sharding.initialize_distributed(
-        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
+        tc.distributed,
+        tc.coordinator_address,
+        tc.num_processes,
+        tc.process_id,
+        tc.heartbeat_timeout_s,
     )
     os.makedirs(workdir, exist_ok=True)
     mesh = sharding.make_mesh()
     sharding.check_batch_size(tc.batch_size, mesh)
     task = build.build_task(config.task, workdir)
-    task.prepare()
+    sharding.lead_first(task.prepare, "deq_jax:prepare_data")  # one writer of {workdir}/data
     return mesh, task
 
 

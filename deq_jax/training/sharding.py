@@ -13,9 +13,11 @@ References:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -27,6 +29,7 @@ def initialize_distributed(
     coordinator_address: str = "",
     num_processes: int = 0,
     process_id: int = -1,
+    heartbeat_timeout_s: int = 100,
 ) -> None:
     """Calls `jax.distributed.initialize` once when ``enabled`` (multi-host runs).
 
@@ -40,6 +43,9 @@ def initialize_distributed(
       coordinator_address: ``"host:port"`` of process 0; ``""`` auto-detects.
       num_processes: the number of processes; ``0`` auto-detects.
       process_id: this process's index; ``-1`` auto-detects.
+      heartbeat_timeout_s: how long the coordinator waits for a silent process (and
+        a process for a silent coordinator) before declaring it dead and failing every
+        other process; this bounds how long the survivors of a crashed process wait.
     """
     if not enabled or jax.distributed.is_initialized():
         return
@@ -47,7 +53,26 @@ def initialize_distributed(
         coordinator_address=coordinator_address or None,
         num_processes=num_processes or None,
         process_id=None if process_id < 0 else process_id,
+        heartbeat_timeout_seconds=heartbeat_timeout_s,
     )
+
+
+def lead_first(fn: Callable[[], Any], name: str) -> Any:
+    """Runs ``fn`` on process 0, then, once it has returned, on every other process.
+
+    For work on a shared directory that must happen once (generating a data set into
+    ``{workdir}/data``): the other processes then find it done and only read it. With a
+    single process it is just ``fn()``.
+
+    Args:
+      fn: the work, without arguments; its result is returned on every process.
+      name: the barrier's name (the same on every process).
+    """
+    if jax.process_count() == 1:
+        return fn()
+    result = fn() if jax.process_index() == 0 else None
+    multihost_utils.sync_global_devices(name)
+    return result if jax.process_index() == 0 else fn()
 
 
 def make_mesh(devices: Any = None) -> Mesh:
