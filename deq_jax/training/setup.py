@@ -100,6 +100,9 @@ def setup(config: Any, workdir: str) -> Run:
     tx, schedule = make_optimizer(tc)
     sample = np.zeros((1, *task.input_shape), np.float32)
     state = create_train_state(model, tx, sample, jax.random.PRNGKey(tc.seed))
+    # Restore straight into the replicated layout: on several processes a checkpoint
+    # restored onto one device could not be replicated afterwards (no cross-host copy).
+    state = sharding.replicate(state, mesh)
     ckpt = make_checkpointer(config, workdir)
     state, start = ckpt.restore_or_init(state)
     return Run(
@@ -107,7 +110,7 @@ def setup(config: Any, workdir: str) -> Run:
         task=task,
         model=model,
         schedule=schedule,
-        state=sharding.replicate(state, mesh),
+        state=state,
         start_step=start,
         checkpointer=ckpt,
     )
