@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from configs import prefix_sum
-from deq_jax.training import restore_trained, writers
+from deq_jax.training import restore_trained, sharding, writers
 from launch import multiprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -218,7 +218,8 @@ def test_killing_one_process_fails_the_other(tmp_path, victim):
     print(f"survivor of killed process {victim} exited after {waited:.1f} s")
     assert survivor.returncode != 0
     assert waited < KILL_BOUND_S
-    assert "process" in output.lower()
+    assert "PeerProcessError: Process" in output
+    assert "Another process of this job has most likely died" in output
 
 
 def _losses_so_far(workdir) -> dict[int, float]:
@@ -226,3 +227,55 @@ def _losses_so_far(workdir) -> dict[int, float]:
         return train_losses(workdir)
     except (FileNotFoundError, ValueError):
         return {}
+
+
+def test_peer_failure_is_explained_on_several_processes_only():
+    gloo = ValueError("UNKNOWN: Gloo all-reduce failed: Connection closed by peer [127.0.0.1]")
+    with pytest.raises(sharding.PeerProcessError, match="Another process of this job") as info:
+        with sharding.explain_peer_failure(process_count=2):
+            raise gloo
+    assert info.value.__cause__ is gloo and "of 2: a collective" in str(info.value)
+    with pytest.raises(ValueError, match="Gloo"):  # one process: nothing to explain
+        with sharding.explain_peer_failure(process_count=1):
+            raise gloo
+    with pytest.raises(KeyError):  # not a collective's failure
+        with sharding.explain_peer_failure(process_count=2):
+            raise KeyError("inputs")
+
+
+def test_launcher_commands_and_environment():
+    cmd = multiprocess.process_command("launch.main", ["--workdir", "/w"], 1, 2, 1234)
+    assert cmd[1:5] == ["-m", "launch.main", "--workdir", "/w"]
+    assert cmd[5:] == [
+        "--config.train.distributed=True",
+        "--config.train.coordinator_address=127.0.0.1:1234",
+        "--config.train.num_processes=2",
+        "--config.train.process_id=1",
+    ]
+    base = {
+        "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=8"
+    }
+    env = multiprocess.process_env(3, base)
+    assert env["XLA_FLAGS"] == (
+        "--xla_backend_optimization_level=0 --xla_force_host_platform_device_count=3"
+    )
+    assert env["JAX_PLATFORMS"] == "cpu"
+    assert multiprocess.process_env(0, base) == base
+    with pytest.raises(ValueError, match="sets train.distributed.*itself"):
+        multiprocess.launch(["--config.train.process_id=0"], num_processes=2)
+    with pytest.raises(ValueError, match="num_processes must be >= 1"):
+        multiprocess.launch([], num_processes=0)
+
+
+def test_launcher_returns_the_first_failure_and_relays_output():
+    lines = []
+    status = multiprocess.launch(
+        [],
+        num_processes=2,
+        devices_per_process=0,
+        module="this_module_does_not_exist",
+        emit=lines.append,
+    )
+    assert status == 1  # python -m of a missing module exits 1 in both processes
+    assert sum("No module named this_module_does_not_exist" in line for line in lines) == 2
+    assert {line[:3] for line in lines if "No module" in line} == {"[0]", "[1]"}

@@ -13,12 +13,13 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-from jax.experimental import multihost_utils
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = "data"
@@ -73,6 +74,50 @@ def lead_first(fn: Callable[[], Any], name: str) -> Any:
     result = fn() if jax.process_index() == 0 else None
     multihost_utils.sync_global_devices(name)
     return result if jax.process_index() == 0 else fn()
+
+
+class PeerProcessError(RuntimeError):
+    """A collective failed because another process of a multi-process job went away."""
+
+
+# What JAX's errors say when a peer process has died: gloo's TCP pairs and the
+# coordination service's heartbeat and barriers.
+_PEER_FAILURE_MARKS = (
+    "Gloo",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "heartbeat timeout",
+    "CoordinationServiceError",
+)
+
+
+@contextlib.contextmanager
+def explain_peer_failure(process_count: int | None = None) -> Iterator[None]:
+    """Re-raises a collective's failure in a multi-process job as `PeerProcessError`.
+
+    When a process dies, the others fail in their next collective with a low-level
+    message (``Gloo all-reduce failed: Connection closed by peer``) or, at the latest
+    after ``train.heartbeat_timeout_s``, with the coordinator's heartbeat error. This
+    says what that means and where to look. Any other error passes through unchanged.
+
+    Args:
+      process_count: the job's process count (default: ``jax.process_count()``); with
+        one process nothing is translated.
+    """
+    try:
+        yield
+    except Exception as e:
+        count = jax.process_count() if process_count is None else process_count
+        text = str(e)
+        if count < 2 or not any(mark in text for mark in _PEER_FAILURE_MARKS):
+            raise
+        raise PeerProcessError(
+            f"Process {jax.process_index()} of {count}: a collective with the other "
+            f"processes failed ({text.splitlines()[0] if text else type(e).__name__}). "
+            "Another process of this job has most likely died or been killed: see its "
+            "log for the first error, then restart every process (the run resumes from "
+            "the last checkpoint)."
+        ) from e
 
 
 def make_mesh(devices: Any = None) -> Mesh:
