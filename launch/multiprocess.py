@@ -51,6 +51,9 @@ _GRACE = flags.DEFINE_float(
     "Seconds the other processes get to exit once one has failed, before they are killed.",
 )
 
+# The train fields the launcher sets on every process's command line.
+_DISTRIBUTED_FIELDS = ("distributed", "coordinator_address", "num_processes", "process_id")
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -145,7 +148,7 @@ def launch(
         relay.start()
         procs.append(proc)
         relays.append(relay)
-    status, failed_at = 0, None
+    status, failed_at, killed = 0, None, set()
     while any(p.poll() is None for p in procs):
         for i, p in enumerate(procs):
             if p.returncode and not status:
@@ -153,16 +156,14 @@ def launch(
                 emit(f"[launcher] process {i} exited with status {p.returncode}")
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             for i, p in enumerate(procs):
-                if p.poll() is None:
+                if p.poll() is None and i not in killed:
                     emit(f"[launcher] killing process {i}: still running {grace_s:.0f} s later")
                     p.kill()
+                    killed.add(i)
         time.sleep(0.2)
     for relay in relays:
         relay.join()
     return status or next((p.returncode for p in procs if p.returncode), 0)
-
-
-_DISTRIBUTED_FIELDS = ("distributed", "coordinator_address", "num_processes", "process_id")
 
 
 def main(argv: Sequence[str]) -> None:

@@ -279,3 +279,20 @@ def test_launcher_returns_the_first_failure_and_relays_output():
     assert status == 1  # python -m of a missing module exits 1 in both processes
     assert sum("No module named this_module_does_not_exist" in line for line in lines) == 2
     assert {line[:3] for line in lines if "No module" in line} == {"[0]", "[1]"}
+
+
+def test_launcher_kills_a_survivor_after_the_grace_period():
+    lines = []
+    began = time.monotonic()
+    status = multiprocess.launch(
+        [],
+        num_processes=2,
+        devices_per_process=0,
+        module="tests.multiprocess_probe",
+        grace_s=1.0,
+        emit=lines.append,
+    )
+    assert status == 3
+    assert time.monotonic() - began < 60  # not the probe's ten minutes
+    assert "[launcher] process 0 exited with status 3" in lines
+    assert lines.count("[launcher] killing process 1: still running 1 s later") == 1
