@@ -40,7 +40,8 @@ Sections:
     ``stop_at_step`` (end this invocation early, e.g. to fit a job slot; the next run
     resumes) and ``distributed`` (call `jax.distributed.initialize()` first, for
     multi-host runs; ``coordinator_address``, ``num_processes`` and ``process_id``
-    are auto-detected on TPU pods and SLURM when left empty, 0 and -1).
+    are auto-detected on TPU pods and SLURM when left empty, 0 and -1;
+    ``heartbeat_timeout_s`` bounds how long the other processes wait after one dies).
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget (on every batch of each split, or
@@ -257,6 +258,7 @@ def get_config() -> ConfigDict:
             coordinator_address="",
             num_processes=0,
             process_id=-1,
+            heartbeat_timeout_s=100,
         )
     )
 

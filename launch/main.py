@@ -29,6 +29,7 @@ from ml_collections import ConfigDict, config_flags
 
 from deq_jax.training.build import renamed_key
 from deq_jax.training.setup import check_config
+from deq_jax.training.sharding import explain_peer_failure
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -127,6 +128,12 @@ def main(argv: Sequence[str]) -> None:
     reject_arguments(argv)
     quiet_library_logs()
     config, emit = checked_config(), functools.partial(print, flush=True)
+    with explain_peer_failure():
+        _train(config, emit)
+
+
+def _train(config: ConfigDict, emit: Callable[[str], None]) -> None:
+    """Runs the training ``config`` describes (DEQ, language model or neural solver)."""
     language = "seq_len" in config.train  # a language model: segments with memory
     if config.get("neural_solver", {}).get("deq_workdir", "") and language:
         from deq_jax.training.lm_hypersolver import train_lm_hypersolver

@@ -83,13 +83,17 @@ def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
     check_config(config, workdir)
     tc = config.train
     sharding.initialize_distributed(
-        tc.distributed, tc.coordinator_address, tc.num_processes, tc.process_id
+        tc.distributed,
+        tc.coordinator_address,
+        tc.num_processes,
+        tc.process_id,
+        tc.heartbeat_timeout_s,
     )
     mesh = sharding.make_mesh()
     sharding.check_batch_size(tc.batch_size, mesh)
     os.makedirs(workdir, exist_ok=True)
     task = build.build_task(config.task, workdir)
-    task.prepare()
+    sharding.lead_first(task.prepare, "deq_jax:prepare_data")  # one writer of {workdir}/data
     return mesh, task
 
 
@@ -124,6 +128,9 @@ def setup(config: Any, workdir: str) -> Run:
     tx, schedule = make_optimizer(tc)
     sample = np.zeros((1, *task.input_shape), np.float32)
     state = create_train_state(model, tx, sample, jax.random.PRNGKey(tc.seed))
+    # Restore straight into the replicated layout: on several processes a checkpoint
+    # restored onto one device could not be replicated afterwards (no cross-host copy).
+    state = sharding.replicate(state, mesh)
     ckpt = make_checkpointer(config, workdir)
     state, start = ckpt.restore_or_init(state)
     return Run(
@@ -131,7 +138,7 @@ def setup(config: Any, workdir: str) -> Run:
         task=task,
         model=model,
         schedule=schedule,
-        state=sharding.replicate(state, mesh),
+        state=state,
         start_step=start,
         checkpointer=ckpt,
     )
