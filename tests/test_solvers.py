@@ -357,8 +357,12 @@ def test_broyden_estimate_satisfies_the_secant_condition(x64):
     _, f_jax, z0 = not_contractive(seed=2)
     z, aux = broyden_iterates(solvers.broyden(memory=8), f_jax, jnp.asarray(z0), 6)
     g = np.stack([f_jax(z[:, i]) - z[:, i] for i in range(6)], axis=1)
-    # the step s_4 = z_5 - z_4 goes to slot 4 on the next call; put it there now
-    aux = aux._replace(steps=aux.steps.at[:, 4].set(z[:, 5] - z[:, 4]))
+    # the next call writes the step s_4 = z_5 - z_4 and the pending terms to slot 4
+    aux = aux._replace(
+        steps=aux.steps.at[:, 4].set(z[:, 5] - z[:, 4]),
+        weight=aux.weight.at[:, 4].set(aux.next_weight),
+        tri=aux.tri.at[:, 4].set(aux.next_row),
+    )
     h_y3 = solvers.inv_jacobian_matvec(aux, jnp.asarray(g[:, 4] - g[:, 3]), 4)
     np.testing.assert_allclose(h_y3, z[:, 4] - z[:, 3], rtol=1e-9, atol=1e-12)
     h_g4 = solvers.inv_jacobian_matvec(aux, jnp.asarray(g[:, 4]), 4)

@@ -49,13 +49,17 @@ class BroydenState(NamedTuple):
     ``u_0`` (kept aside) and ``u_l = weight[l + 1] * s_{l + 1}`` for ``l >= 1``, with
     ``weight[l + 1] = 1 / ||s_l||^2`` (``0`` for a skipped update). Rows of ``tri`` are
     stored one slot down in the same way: ``tri[:, l + 1]`` is row ``l`` of ``T``, so
-    ``tri @ (S^T x)`` is already the coefficient of each slot of ``steps``.
+    ``tri @ (S^T x)`` is already the coefficient of each slot of ``steps``. The weight and
+    row made by a step are written by the next one, before it reads the buffers (so XLA
+    updates them in place instead of copying them every step).
     """
 
     steps: jax.Array  # [B, memory, D] s_i
     weight: jax.Array  # [B, memory] weight[i] = 1 / ||s_{i-1}||^2 (0 for i <= 1)
     tri: jax.Array  # [B, memory, memory] tri[:, l + 1] = row l of T (row 0 stays 0)
     u0: jax.Array  # [B, D] the first update direction of the cycle
+    next_weight: jax.Array  # [B] for the next slot
+    next_row: jax.Array  # [B, memory] for the next slot of tri
     prev_z: jax.Array  # [B, D]
     prev_g: jax.Array  # [B, D]
 
@@ -142,13 +146,8 @@ def _step_on_live_prefix(state: BroydenState, s, y, g, j):
 
     def on_prefix(n):
         def run(state, s, y, g, j):
-            prefix = BroydenState(
-                steps=state.steps[:, :n],
-                weight=state.weight[:, :n],
-                tri=state.tri[:, :n, :n],
-                u0=state.u0,
-                prev_z=state.prev_z,
-                prev_g=state.prev_g,
+            prefix = state._replace(
+                steps=state.steps[:, :n], weight=state.weight[:, :n], tri=state.tri[:, :n, :n]
             )
             step, weight, row, u0 = broyden_step(prefix, s, y, g, j)
             return step, weight, jnp.pad(row, ((0, 0), (0, memory - n))), u0
@@ -192,6 +191,8 @@ class broyden(Solver):  # noqa: N801 - registry name is the constructor name
             weight=jnp.zeros((b, m), z0.dtype),
             tri=jnp.zeros((b, m, m), z0.dtype),
             u0=jnp.zeros_like(z0),
+            next_weight=jnp.zeros((b,), z0.dtype),
+            next_row=jnp.zeros((b, m), z0.dtype),
             prev_z=z0,
             prev_g=jnp.zeros_like(z0),
         )
@@ -202,17 +203,12 @@ class broyden(Solver):  # noqa: N801 - registry name is the constructor name
         # Update number k - 2 is position (k - 2) % slots of its cycle; position 0
         # restarts from H = -I. On the first call s = 0 and the update is skipped.
         j = (k - 2) % self.slots
-        steps = jax.lax.dynamic_update_index_in_dim(aux.steps, s, j, axis=1)
-        step, weight, row, u0 = _step_on_live_prefix(
-            aux._replace(steps=steps), s, g - aux.prev_g, g, j
+        restart = j == 0  # slot 0 holds no weight and no row
+        write = lambda buffer, x: jax.lax.dynamic_update_index_in_dim(buffer, x, j, axis=1)
+        state = aux._replace(
+            steps=write(aux.steps, s),
+            weight=write(aux.weight, jnp.where(restart, 0.0, aux.next_weight)),
+            tri=write(aux.tri, jnp.where(restart, 0.0, aux.next_row)),
         )
-        # Slot j + 1 is past the end only at a cycle's last step, after which the cycle
-        # restarts; the clamped write to the last slot is then never read.
-        return z + step, BroydenState(
-            steps=steps,
-            weight=jax.lax.dynamic_update_index_in_dim(aux.weight, weight, j + 1, axis=1),
-            tri=jax.lax.dynamic_update_index_in_dim(aux.tri, row, j + 1, axis=1),
-            u0=u0,
-            prev_z=z,
-            prev_g=g,
-        )
+        step, weight, row, u0 = _step_on_live_prefix(state, s, g - aux.prev_g, g, j)
+        return z + step, state._replace(u0=u0, next_weight=weight, next_row=row, prev_z=z, prev_g=g)
