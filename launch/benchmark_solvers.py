@@ -23,7 +23,7 @@ Full run (width 256, batch 64), as recorded in BUILD_NOTES.md:
 
 The spectral-norm sweep of BUILD_NOTES.md:
 
-  python -m launch.benchmark_solvers --problems norm0.9,norm1.5,norm2.5,norm3.0 \
+  python -m launch.benchmark_solvers --problems norm0.9,norm1.5,norm2.5,norm3.0 --repeats 5 \
       --memory_budgets= --output /tmp/bench/norms.jsonl
 
 A quick run:
