@@ -1,4 +1,4 @@
-"""Limited-memory "good" Broyden's method for ``g(z) = f(z) - z = 0``, one pass per step.
+"""Limited-memory "good" Broyden's method for ``g(z) = f(z) - z = 0``, steps-only storage.
 
 Good Broyden keeps an estimate ``H`` of the inverse Jacobian of ``g``, starts from
 ``H = -I`` and, after each step ``s = z_new - z`` with ``y = g(z_new) - g(z)``, makes the
@@ -11,9 +11,10 @@ with ``S`` the steps, ``U`` the update directions ``u_l = (s_l - H_l y_l) / (s_l
 y_l)`` and ``T`` unit lower triangular (the compact form of Byrd, Nocedal & Schnabel).
 Because every step is the full Broyden step ``s_{l+1} = -H_{l+1} g_l``, one has ``u_l =
 s_{l+1} / ||s_l||^2`` (Kelley's observation behind ``brsola``): ``U`` is ``S`` shifted by
-one slot, so only the steps are stored, in a buffer of ``memory`` slots. A step reads
-that buffer twice (``S^T [g, s]`` in one product, then ``S c``) and updates one row of
-``T``; the explicit form ``-I + sum u_i v_i^T`` reads two buffers six times.
+one slot, so only the steps are stored, in a buffer of ``memory`` slots. A step makes
+three products with that buffer (``S^T g``, ``S^T s``, ``S c``) and two with ``T``, and
+writes one step and one row of ``T``; the explicit form ``-I + sum u_i v_i^T`` makes six
+products with two buffers.
 
 When the buffer is full the estimate restarts from ``-I`` (the first update of a cycle
 is made explicitly; its direction ``u_0`` is kept aside). Overwriting the oldest terms
@@ -79,7 +80,7 @@ def _slot_coefficients(state: BroydenState, x: jax.Array, n_terms: jax.Array):
 
 
 def broyden_step(state: BroydenState, s: jax.Array, y: jax.Array, g: jax.Array, j: jax.Array):
-    """One good-Broyden update and step at cycle position ``j``; one pass over ``steps``.
+    """One good-Broyden update and step at cycle position ``j`` (compact form).
 
     Args:
       state: the cycle's terms ``0 .. j - 1`` (slots past them may hold stale values)
@@ -92,7 +93,7 @@ def broyden_step(state: BroydenState, s: jax.Array, y: jax.Array, g: jax.Array, 
 
     Returns:
       ``(step, weight, tri_row, u0)``: the next step ``-H_{j+1} g`` (``[B, D]``), the
-      weight and the row of ``T`` (``[B]``, ``[B, memory]``) that go to slot ``j + 1``,
+      weight and the row of ``T`` (``[B]``, ``[B, memory]``) for slot ``j + 1``,
       and the cycle's ``u_0``. A sample whose update is degenerate (``s^T H_j y = 0``,
       e.g. a zero step) skips it and steps ``-H_j g``.
     """
@@ -137,8 +138,8 @@ def _step_on_live_prefix(state: BroydenState, s, y, g, j):
     """`broyden_step` on the shortest prefix of the slots that holds positions ``0 .. j``.
 
     A large memory (``memory=None`` keeps the whole budget) would otherwise cost a pass
-    over every slot at every step; with prefixes a step costs at most twice its live
-    terms (plus one copy of them).
+    over every slot at every step; with prefixes a step reads at most twice its live
+    slots of ``steps`` (four times its live part of ``T``), plus one copy of them.
     """
     memory = state.steps.shape[1]
     sizes = [n for n in (_PREFIX_SLOTS * 2**i for i in range(memory.bit_length())) if n < memory]
@@ -162,7 +163,7 @@ def _step_on_live_prefix(state: BroydenState, s, y, g, j):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class broyden(Solver):  # noqa: N801 - registry name is the constructor name
-    """Limited-memory good Broyden's method (compact form, one pass per step).
+    """Limited-memory good Broyden's method (compact form: the steps and ``T`` only).
 
     Attributes:
       memory: rank-one updates kept; when full, the estimate restarts from ``-I``.
