@@ -1,20 +1,30 @@
 r"""Benchmarks deq_jax's solvers against jaxopt on the DEQ cell z = tanh(W z + U x + b).
 
 For each problem ("easy": W Gaussian with spectral norm 0.9; "hard": W symmetric with
-spectral norm 0.99 and a weak input injection, where plain iteration is slow) and each
-relative tolerance, every solver -- ours and jaxopt's FixedPointIteration and
-AndersonAcceleration -- solves the identical batch with the identical stopping rule:
+spectral norm 0.99 and a weak input injection, where plain iteration is slow;
+"norm<value>": the easy problem's Gaussian draw scaled to spectral norm <value>, e.g.
+norm3.0, where the cell need not contract) and each relative tolerance, every solver --
+ours (Broyden also with its whole budget as memory, "broyden_whole_budget") and jaxopt's
+FixedPointIteration and AndersonAcceleration -- solves the identical batch with the
+identical stopping rule:
 per sample, ||f(z) - z|| <= tol_abs, where tol_abs = rel_tol x min_b ||z*_b|| (jaxopt
 is vmapped over the batch so it stops per sample too). One JSON line per (problem,
 tol, solver) reports f-evaluations, the final relative residual, median wall time
 after compilation, compile time, the time of one implicit (IFT) backward pass, and the
-solver overhead wall / (f-evaluations x time of one f call). Last lines give the
+solver overhead wall / (f-evaluations x time of one f call), and step_time_ratio: the
+wall time per f-evaluation relative to fixed_point_iteration's on the same problem and
+tolerance (the per-step cost of a solver in fixed-point steps). Last lines give the
 compiled memory of one training step for several forward budgets, with IFT and
 unrolled gradients. A PNG of residual vs iteration is written next to the JSON lines.
 
 Full run (width 256, batch 64), as recorded in BUILD_NOTES.md:
 
   python -m launch.benchmark_solvers --output /tmp/bench/solvers.jsonl
+
+The spectral-norm sweep of BUILD_NOTES.md:
+
+  python -m launch.benchmark_solvers --problems norm0.9,norm1.5,norm2.5,norm3.0 --repeats 5 \
+      --memory_budgets= --output /tmp/bench/norms.jsonl
 
 A quick run:
 
@@ -40,7 +50,9 @@ import deq_jax as dj
 _WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Batch size B.")
 _TOLS = flags.DEFINE_list("tols", ["1e-4", "1e-6"], "Relative tolerances.")
-_PROBLEMS = flags.DEFINE_list("problems", ["easy", "hard"], "Problems: easy, hard.")
+_PROBLEMS = flags.DEFINE_list(
+    "problems", ["easy", "hard"], "Problems: easy, hard, norm<value> (e.g. norm2.5)."
+)
 _MAX_ITER = flags.DEFINE_integer("max_iter", 500, "Forward iteration budget.")
 _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed runs per measurement (median).")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the problem.")
@@ -54,21 +66,40 @@ def cell(z, args):
     return jnp.tanh(z @ w.T + inj)
 
 
+def _spectral_norm_of(kind: str) -> float | None:
+    """The value of a ``norm<value>`` problem name (``norm2.5`` -> 2.5), else ``None``."""
+    if not kind.startswith("norm"):
+        return None
+    try:
+        return float(kind[len("norm") :])
+    except ValueError:
+        raise ValueError(
+            f"Bad problem name {kind!r}: a norm problem is 'norm' and a number, e.g. norm2.5."
+        ) from None
+
+
 def make_problem(kind: str, width: int, batch: int, seed: int):
-    """(W, inj) of the easy or hard problem."""
+    """(W, inj) of the easy, hard or ``norm<value>`` problem.
+
+    ``norm<value>`` is the easy problem with W scaled to spectral norm ``value`` (the same
+    Gaussian draw, U, x and b): above 1 the cell need not contract.
+    """
     kw, ku, kx, kb = jax.random.split(jax.random.PRNGKey(seed), 4)
     g = jax.random.normal(kw, (width, width))
-    if kind == "easy":
-        w = 0.9 * g / jnp.linalg.norm(g, 2)
+    norm = _spectral_norm_of(kind)
+    if kind == "easy" or norm is not None:
+        w = (0.9 if norm is None else norm) * g / jnp.linalg.norm(g, 2)
     elif kind == "hard":  # symmetric, eigenvalues up to 0.99, weak injection: tanh' ~ 1
         sym = g + g.T
         w = 0.99 * sym / jnp.linalg.norm(sym, 2)
     else:
-        raise ValueError(f"Unknown problem {kind!r}. Valid problems: easy, hard.")
+        raise ValueError(
+            f"Unknown problem {kind!r}. Valid problems: easy, hard, norm<value> (e.g. norm2.5)."
+        )
     u = jax.random.normal(ku, (width, width)) / jnp.sqrt(width)
     x = jax.random.normal(kx, (batch, width))
     b = 0.1 * jax.random.normal(kb, (width,))
-    return w, (0.5 if kind == "easy" else 0.2) * (x @ u.T + b)
+    return w, (0.2 if kind == "hard" else 0.5) * (x @ u.T + b)
 
 
 def timed(fn, *args, repeats: int) -> tuple[float, object]:
@@ -113,8 +144,13 @@ def backward_seconds(solve_fn, w, inj, repeats: int) -> float:
     return seconds
 
 
+# Benchmark entries that are one of our solvers with other hyper-parameters.
+VARIANTS = {"broyden_whole_budget": ("broyden", dict(memory=None))}
+
+
 def ours(name: str, tol_abs: float, max_iter: int):
-    solver = dj.solvers.get(name, tol=tol_abs, max_iter=max_iter, stop_mode="abs")
+    name, hyper = VARIANTS.get(name, (name, {}))
+    solver = dj.solvers.get(name, tol=tol_abs, max_iter=max_iter, stop_mode="abs", **hyper)
     mode = dj.backward.ift(solver=solver)
 
     def solve(w, inj):
@@ -163,6 +199,7 @@ SOLVERS = {
     "fixed_point_iteration": ours,
     "anderson": ours,
     "broyden": ours,
+    "broyden_whole_budget": ours,
     "jaxopt_fixed_point_iteration": jaxopt_solver,
     "jaxopt_anderson": jaxopt_solver,
 }
@@ -188,6 +225,7 @@ def benchmark_one(problem, rel_tol, name, w, inj, t_f, tol_abs, repeats):
         ift_backward_ms=1e3 * backward_seconds(value_fn, w, inj, repeats),
         f_call_ms=1e3 * t_f,
         overhead=wall / (fields["f_evals_max"] * t_f),
+        seconds_per_eval=wall / fields["f_evals_max"],
     )
     return row, trace
 
@@ -293,10 +331,15 @@ def main(argv):
         ).value
         z_norm_min = float(jnp.min(jnp.linalg.norm(cell(reference, (w, inj)), axis=1)))
         for rel_tol in map(float, _TOLS.value):
+            seconds_per_eval = {}
             for name in SOLVERS:
                 row, trace = benchmark_one(
                     problem, rel_tol, name, w, inj, t_f, rel_tol * z_norm_min, _REPEATS.value
                 )
+                # the cost of a step against a fixed-point step (FPI runs first) here
+                seconds_per_eval[name] = row.pop("seconds_per_eval")
+                fpi_seconds = seconds_per_eval["fixed_point_iteration"]
+                row["step_time_ratio"] = seconds_per_eval[name] / fpi_seconds
                 emit(row)
                 if trace is not None:
                     traces[(problem, rel_tol, name)] = trace

@@ -1,6 +1,7 @@
 """Forward solvers: known fixed points, per-sample stopping, divergence, kernels."""
 
 import functools
+import importlib
 
 import chex
 import jax
@@ -276,34 +277,126 @@ def test_spd_solve_matches_lu(n, x64):
     np.testing.assert_allclose(solvers.spd_solve(h, rhs), expected, rtol=1e-9, atol=1e-12)
 
 
-def test_broyden_update_satisfies_the_secant_condition(x64):
-    rng = np.random.default_rng(2)
-    b, mem, d = 2, 3, 5
-    us = jnp.asarray(rng.normal(size=(b, mem, d)) * 0.1)
-    vs = jnp.asarray(rng.normal(size=(b, mem, d)) * 0.1)
-    dz = jnp.asarray(rng.normal(size=(b, d)))
-    dg = jnp.asarray(rng.normal(size=(b, d)))
-    u, v = solvers.broyden_update(us, vs, dz, dg)
-    new_us = jnp.concatenate([us, u[:, None]], axis=1)
-    new_vs = jnp.concatenate([vs, v[:, None]], axis=1)
-    np.testing.assert_allclose(solvers.inv_jacobian_matvec(new_us, new_vs, dg), dz, rtol=1e-10)
+def dense_good_broyden(f, z0, memory, n_evals):
+    """Good Broyden with a dense inverse Jacobian per sample, in numpy float64.
+
+    ``H`` starts at ``-I``, restarts at ``-I`` before every ``memory``-th update and takes
+    the full step ``-H g``. Returns the iterates ``[B, n_evals, D]``.
+    """
+    batch, d = z0.shape
+    eye = np.broadcast_to(-np.eye(d), (batch, d, d))
+    z, g, h = z0, f(z0) - z0, eye.copy()
+    iterates = [z]
+    z_next = z - np.einsum("bij,bj->bi", h, g)
+    for update in range(n_evals - 1):
+        z_prev, g_prev, z = z, g, z_next
+        iterates.append(z)
+        g = f(z) - z
+        if update % memory == 0:
+            h = eye.copy()
+        s, y = z - z_prev, g - g_prev
+        v = np.einsum("bi,bij->bj", s, h)  # s^T H
+        u = (s - np.einsum("bij,bj->bi", h, y)) / np.sum(v * y, axis=1, keepdims=True)
+        h = h + u[:, :, None] * v[:, None, :]
+        z_next = z - np.einsum("bij,bj->bi", h, g)
+    return np.stack(iterates, axis=1)
 
 
-def test_broyden_live_mask_ignores_stale_terms(x64):
-    rng = np.random.default_rng(3)
-    us = jnp.asarray(rng.normal(size=(2, 4, 5)))
-    vs = jnp.asarray(rng.normal(size=(2, 4, 5)))
-    x = jnp.asarray(rng.normal(size=(2, 5)))
-    live = jnp.array([True, False, True, False])
-    keep = live[None, :, None]
-    np.testing.assert_allclose(
-        solvers.inv_jacobian_matvec(us, vs, x, live),
-        solvers.inv_jacobian_matvec(us * keep, vs * keep, x),
+def broyden_iterates(solver, f, z0, n_evals):
+    """The iterates ``[B, n_evals, D]`` that ``solver`` proposes, one `propose` at a time."""
+    z, aux, iterates = z0, solver.init(z0), [z0]
+    propose = jax.jit(solver.propose)
+    for k in range(1, n_evals):
+        z, aux = propose(aux, z, f(z), jnp.asarray(k, jnp.int32))
+        iterates.append(z)
+    return np.stack(iterates, axis=1), aux
+
+
+def not_contractive(batch=3, d=6, seed=0):
+    """A tanh cell with ||W|| = 1.5 (plain iteration need not converge), numpy and jax."""
+    rng = np.random.default_rng(seed)
+    w = rng.normal(size=(d, d))
+    w = 1.5 * w / np.linalg.norm(w, 2)
+    x = rng.normal(size=(batch, d))
+    return (lambda z: np.tanh(z @ w + x)), (lambda z: jnp.tanh(z @ w + x)), np.zeros((batch, d))
+
+
+@pytest.mark.parametrize("memory", [1, 2, 3, 5])
+def test_broyden_matches_a_dense_reference(memory, x64):
+    """Several cycles of the compact limited-memory method equal dense good Broyden."""
+    f_np, f_jax, z0 = not_contractive()
+    expected = dense_good_broyden(f_np, z0, memory, n_evals=13)
+    got, _ = broyden_iterates(solvers.broyden(memory=memory), f_jax, jnp.asarray(z0), 13)
+    assert np.max(np.abs(np.diff(expected, axis=1))) > 1e-2  # the iterates do move
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_broyden_whole_budget_never_restarts(x64):
+    f_np, f_jax, z0 = not_contractive(seed=1)
+    solver = solvers.broyden(memory=None, max_iter=13)
+    assert solver.slots == 11  # one update per evaluation after the first two
+    assert solver.replace(max_iter=40).slots == 38  # the call's budget sets the memory
+    expected = dense_good_broyden(f_np, z0, memory=10**9, n_evals=13)
+    got, _ = broyden_iterates(solver, f_jax, jnp.asarray(z0), 13)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("memory", [5, None])
+def test_broyden_reads_only_the_live_prefix_of_a_large_memory(memory, x64, monkeypatch):
+    """With prefixes of 2, 4, 8, ... slots the iterates are those of the dense method."""
+    monkeypatch.setattr(importlib.import_module("deq_jax.solvers.broyden"), "_PREFIX_SLOTS", 2)
+    f_np, f_jax, z0 = not_contractive(seed=3)
+    solver = solvers.broyden(memory=memory, max_iter=13)
+    expected = dense_good_broyden(f_np, z0, memory or 10**9, n_evals=13)
+    got, _ = broyden_iterates(solver, f_jax, jnp.asarray(z0), 13)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_broyden_estimate_satisfies_the_secant_condition(x64):
+    """After updates 0..3, H y_3 = s_3 (the newest secant pair) and H g_4 = -s_4."""
+    _, f_jax, z0 = not_contractive(seed=2)
+    z, aux = broyden_iterates(solvers.broyden(memory=8), f_jax, jnp.asarray(z0), 6)
+    g = np.stack([f_jax(z[:, i]) - z[:, i] for i in range(6)], axis=1)
+    # the next call writes the step s_4 = z_5 - z_4 and the pending terms to slot 4
+    aux = aux._replace(
+        steps=aux.steps.at[:, 4].set(z[:, 5] - z[:, 4]),
+        weight=aux.weight.at[:, 4].set(aux.next_weight),
+        tri=aux.tri.at[:, 4].set(aux.next_row),
     )
-    np.testing.assert_allclose(
-        solvers.inv_jacobian_rmatvec(us, vs, x, live),
-        solvers.inv_jacobian_rmatvec(us * keep, vs * keep, x),
-    )
+    h_y3 = solvers.inv_jacobian_matvec(aux, jnp.asarray(g[:, 4] - g[:, 3]), 4)
+    np.testing.assert_allclose(h_y3, z[:, 4] - z[:, 3], rtol=1e-9, atol=1e-12)
+    h_g4 = solvers.inv_jacobian_matvec(aux, jnp.asarray(g[:, 4]), 4)
+    np.testing.assert_allclose(h_g4, z[:, 4] - z[:, 5], rtol=1e-9, atol=1e-12)
+
+
+def test_broyden_whole_budget_solves_a_non_contractive_cell():
+    """||W|| = 3: plain iteration fails; Broyden with its whole budget as memory solves
+    every sample, in fewer evaluations than with a memory of 20."""
+    w, x = tanh_problem(jax.random.PRNGKey(13), batch=8, d=32, norm=3.0)
+
+    def run(solver):
+        sol = dj.fixed_point(tanh_cell, jnp.zeros_like(x), (w, 0.5 * x), solver=solver)
+        return sol.stats
+
+    hyper = dict(tol=1e-5, max_iter=200)
+    assert float(jnp.mean(run(solvers.fixed_point_iteration(**hyper)).converged)) < 0.5
+    whole = run(solvers.broyden(memory=None, **hyper))
+    limited = run(solvers.broyden(memory=20, **hyper))
+    assert bool(jnp.all(whole.converged))
+    assert float(jnp.mean(whole.nstep)) < float(jnp.mean(limited.nstep))
+
+
+def test_broyden_step_skips_a_degenerate_update():
+    """A zero step (the first call) makes no update: the step is -H g = g from H = -I."""
+    solver = solvers.broyden(memory=4)
+    g = jnp.arange(1.0, 9.0).reshape(2, 4)
+    state = solver.init(jnp.zeros((2, 4)))
+    zero = jnp.zeros((2, 4))
+    step, weight, row, u0 = solvers.broyden_step(state, zero, g, g, jnp.asarray(2))
+    np.testing.assert_array_equal(step, g)
+    np.testing.assert_array_equal(weight, 0.0)
+    np.testing.assert_array_equal(u0, 0.0)
+    np.testing.assert_array_equal(row, jnp.zeros((2, 4)).at[:, 2].set(1.0))
 
 
 def test_broyden_restarts_when_its_memory_is_full():
@@ -319,13 +412,6 @@ def test_broyden_restarts_when_its_memory_is_full():
     assert int(jnp.max(sol.stats.nstep)) > 3 * 3
     assert bool(jnp.all(sol.stats.converged))
     assert not bool(jnp.any(sol.stats.diverged))
-
-
-def test_broyden_update_is_zero_for_a_zero_step():
-    z = jnp.zeros((2, 1, 4))
-    u, v = solvers.broyden_update(z, z, jnp.zeros((2, 4)), jnp.ones((2, 4)))
-    np.testing.assert_array_equal(u, 0.0)
-    np.testing.assert_array_equal(v, 0.0)
 
 
 def test_damped_step():
@@ -361,7 +447,7 @@ def test_unknown_solver_keyword_lists_the_valid_ones():
         ("anderson", dict(stop_mode="l2"), "stop_mode must be one of abs, rel"),
         ("anderson", dict(m=0), "m must be an integer >= 1"),
         ("anderson", dict(beta=1.5), "beta must lie in"),
-        ("broyden", dict(memory=0), "memory must be an integer >= 1"),
+        ("broyden", dict(memory=0), "memory must be an integer >= 1 or None"),
         ("fixed_point_iteration", dict(tau=0.0), "tau must lie in"),
     ],
 )

@@ -8,13 +8,7 @@ solve is passed at call time through `deq_jax.fixed_point`.
 from deq_jax._registry import Registry
 from deq_jax.solvers.anderson import AndersonState, anderson, anderson_step, anderson_weights
 from deq_jax.solvers.base import Solution, Solver, SolverStats, residuals
-from deq_jax.solvers.broyden import (
-    BroydenState,
-    broyden,
-    broyden_update,
-    inv_jacobian_matvec,
-    inv_jacobian_rmatvec,
-)
+from deq_jax.solvers.broyden import BroydenState, broyden, broyden_step, inv_jacobian_matvec
 from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_iteration
 from deq_jax.solvers.linalg import spd_solve
 from deq_jax.solvers.loop import LOOPS, iterate, iterate_unrolled
@@ -37,12 +31,11 @@ __all__ = [
     "anderson_step",
     "anderson_weights",
     "broyden",
-    "broyden_update",
+    "broyden_step",
     "damped_step",
     "fixed_point_iteration",
     "get",
     "inv_jacobian_matvec",
-    "inv_jacobian_rmatvec",
     "iterate",
     "iterate_unrolled",
     "names",

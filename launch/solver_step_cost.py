@@ -1,0 +1,83 @@
+r"""The cost of one solver step relative to one fixed-point step, on the benchmark cell.
+
+Every solver runs its whole budget (``full_budget=True``, ``--steps`` f-evaluations) on
+the same batch of `launch.benchmark_solvers`' cell z = tanh(W z + U x + b), so the
+only difference between two runs is what the solver does per step. The runs are
+interleaved (one of each solver per round, ``--repeats`` rounds after a warm-up) and
+the median per step is reported, as wall time and as CPU time of this process (CPU
+time is less disturbed by other processes on a shared machine). One JSON line per
+solver: ``{"solver", "wall_us", "cpu_us", "wall_ratio", "cpu_ratio"}``, the ratios
+relative to fixed_point_iteration.
+
+As recorded in BUILD_NOTES.md:
+
+  python -m launch.solver_step_cost --repeats 31
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+import deq_jax as dj
+from launch.benchmark_solvers import cell, make_problem
+
+# --width, --batch, --repeats (timed rounds) and --seed are launch.benchmark_solvers' flags.
+FLAGS = flags.FLAGS
+_STEPS = flags.DEFINE_integer("steps", 100, "f-evaluations per run (the whole budget).")
+_PROBLEM = flags.DEFINE_string("problem", "norm0.9", "A problem of launch.benchmark_solvers.")
+
+# name -> (registry name, hyper-parameters); fixed_point_iteration first: the unit
+SOLVERS = {
+    "fixed_point_iteration": ("fixed_point_iteration", {}),
+    "anderson": ("anderson", {}),
+    "broyden": ("broyden", {}),
+    "broyden_whole_budget": ("broyden", {"memory": None}),
+}
+
+
+def main(argv):
+    del argv
+    w, inj = make_problem(_PROBLEM.value, FLAGS.width, FLAGS.batch, FLAGS.seed)
+    runs = {}
+    for name, (ctor, hyper) in SOLVERS.items():
+        solver = dj.solvers.get(ctor, max_iter=_STEPS.value, full_budget=True, **hyper)
+        runs[name] = jax.jit(
+            lambda w, inj, solver=solver: dj.fixed_point(
+                cell, jnp.zeros_like(inj), (w, inj), solver=solver
+            )
+        )
+        jax.block_until_ready(runs[name](w, inj))  # compile and warm up
+    wall = {name: [] for name in runs}
+    cpu = {name: [] for name in runs}
+    for _ in range(FLAGS.repeats):
+        for name, run in runs.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(run(w, inj))
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    per_step = lambda times: 1e6 * statistics.median(times) / _STEPS.value
+    unit = "fixed_point_iteration"
+    for name in runs:
+        print(
+            json.dumps(
+                dict(
+                    solver=name,
+                    problem=_PROBLEM.value,
+                    wall_us=per_step(wall[name]),
+                    cpu_us=per_step(cpu[name]),
+                    wall_ratio=per_step(wall[name]) / per_step(wall[unit]),
+                    cpu_ratio=per_step(cpu[name]) / per_step(cpu[unit]),
+                )
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    app.run(main)
