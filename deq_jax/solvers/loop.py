@@ -52,6 +52,7 @@ class LoopState(NamedTuple):
     trace: jax.Array  # [B, max_iter] stop-mode residual after each evaluation
     read: Any  # the readout of z (a pytree, batch axis first); () without a readout
     same: jax.Array  # [B] int32, evaluations in a row with an unchanged readout
+    path: Any  # a composed solver's (part [B], switched_at [B]) while active; () otherwise
 
 
 class Settle(NamedTuple):
@@ -95,6 +96,10 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
             )
             read = jax.tree_util.tree_map(keep, read, s.read)
     take = improved | settled_now  # a settled sample is returned where it settled
+    path = s.path
+    now = solver.path(s.aux, s.k)
+    if now is not None:  # a composed solver: which part made this step, while active
+        path = tuple(jnp.where(s.active, new, old) for new, old in zip(now, s.path, strict=True))
     return s._replace(
         best_z=jnp.where(take[:, None], s.z, s.best_z),
         best_abs=jnp.where(take, abs_res, s.best_abs),
@@ -105,6 +110,7 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
         trace=jax.lax.dynamic_update_index_in_dim(s.trace, res, s.k - 1, axis=1),
         read=read,
         same=same,
+        path=path,
     )
 
 
@@ -113,11 +119,13 @@ def _init(
 ) -> LoopState:
     batch = z0.shape[0]
     inf = jnp.full((batch,), jnp.inf, z0.dtype)
+    aux = solver.init(z0)
+    path = () if solver.path(aux, 1) is None else (jnp.zeros((batch,), jnp.int32),) * 2
     s = LoopState(
         k=jnp.ones((), jnp.int32),
         z=z0,
         fz=fn(z0),
-        aux=solver.init(z0),
+        aux=aux,
         best_z=z0,
         best_abs=inf,
         best_rel=inf,
@@ -127,6 +135,7 @@ def _init(
         trace=jnp.zeros((batch, solver.max_iter), z0.dtype),
         read=(),
         same=jnp.zeros((batch,), jnp.int32),
+        path=path,
     )
     return _observe(solver, s, settle, first=True)
 
@@ -154,6 +163,8 @@ def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
         converged=~s.diverged & (~s.active | (solver.full_budget & (best <= solver.tol))),
         diverged=s.diverged,
         trace=jnp.where(taken, s.trace, best[:, None]),
+        part=s.path[0] if s.path else None,
+        switched_at=s.path[1] if s.path else None,
     )
     return s.best_z, stats
 
