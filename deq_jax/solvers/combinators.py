@@ -172,22 +172,18 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
         k = jnp.asarray(k)
         return sum((k > b).astype(jnp.int32) for b in self.bounds) + jnp.zeros((), jnp.int32)
 
-    def _branch(self, i: int):
+    def _branch(self, i: int, take_over: bool):
+        """Part ``i``'s step; with ``take_over``, its first step (it takes over first)."""
         part = self.solvers[i]
+        start = self.bounds[i - 1] if i > 0 else 0
 
         def run(aux, z, fz, k):
             own, offset = aux[i], 0
-            if i > 0:
-                start = self.bounds[i - 1]
-                fresh = []  # whether the part starts afresh, learnt when cond traces
-
-                def take_over():
-                    handed = self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1)
-                    fresh.append(handed is None)
-                    return part.init(z) if handed is None else handed
-
-                own = jax.lax.cond(k == start + 1, take_over, lambda: own)
-                offset = start if fresh[0] else 0
+            if take_over:
+                handed = self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1)
+                own, offset = (part.init(z), start) if handed is None else (handed, 0)
+            elif i > 0 and self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1) is None:
+                offset = start  # a part started afresh counts from its start
             z_next, own = part.propose(own, z, fz, k - offset)
             return z_next, (*aux[:i], own, *aux[i + 1 :])
 
@@ -195,9 +191,15 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
 
     def propose(self, aux, z, fz, k):
         if len(self.solvers) == 1:
-            return self._branch(0)(aux, z, fz, k)
-        branches = [self._branch(i) for i in range(len(self.solvers))]
-        return jax.lax.switch(self._stage(k), branches, aux, z, fz, k)
+            return self._branch(0, False)(aux, z, fz, k)
+        # one switch per step: part 0, then (take over, go on) for each later part
+        branches = [self._branch(0, False)]
+        for i in range(1, len(self.solvers)):
+            branches += [self._branch(i, True), self._branch(i, False)]
+        stage = self._stage(k)
+        first = jnp.asarray(k) == jnp.asarray((0, *self.bounds))[stage] + 1
+        index = jnp.where(stage > 0, 2 * stage - first.astype(jnp.int32), 0)
+        return jax.lax.switch(index, branches, aux, z, fz, k)
 
     def path(self, aux, k):
         batch = jax.tree_util.tree_leaves(aux)[0].shape[0] if jax.tree_util.tree_leaves(aux) else 1

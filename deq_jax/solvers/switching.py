@@ -91,8 +91,7 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
 
     The backup then starts from the sample's lowest-residual iterate so far, with a
     fresh state, and makes that sample's next proposal. The other samples keep the
-    primary's iterates. The primary runs only while some sample uses it, the backup
-    only once some sample does.
+    primary's iterates, bit for bit. The backup runs only once some sample uses it.
 
     Statistics: ``part`` is 0 (primary) or 1 (backup); ``switched_at`` the evaluation
     after which the backup took over (0: never).
@@ -159,11 +158,7 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
     def propose(self, aux, z, fz, k):
         best_before = aux.watch.best_res
         watch, res = _watch(self, aux.watch, z, fz)
-        z_primary, primary = jax.lax.cond(
-            jnp.any(~aux.on_backup),
-            lambda: self.primary.propose(aux.primary, z, fz, k),
-            lambda: (z, aux.primary),
-        )
+        z_primary, primary = self.primary.propose(aux.primary, z, fz, k)
         switch = ~aux.on_backup & self._triggered(res, best_before, watch.stall, z_primary)
         on_backup = aux.on_backup | switch
         start = jnp.where(switch, k, aux.start)
@@ -265,9 +260,16 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
         # the samples never restarted take the solver's own batched step, bit for bit
         z_next, inner = self.solver.propose(aux.inner, z, fz, k)
         restarted = start > 0
-        z_rows, inner_rows = jax.lax.cond(jnp.any(restarted), per_sample, lambda: (z_next, inner))
-        z_next = jnp.where(restarted[:, None], z_rows, z_next)
-        return z_next, RestartState(where_rows(restarted, inner_rows, inner), start, watch)
+
+        def merge():
+            z_rows, inner_rows = per_sample()
+            return (
+                jnp.where(restarted[:, None], z_rows, z_next),
+                where_rows(restarted, inner_rows, inner),
+            )
+
+        z_next, inner = jax.lax.cond(jnp.any(restarted), merge, lambda: (z_next, inner))
+        return z_next, RestartState(inner, start, watch)
 
     def path(self, aux, k):
         return jnp.zeros_like(aux.start), aux.start
