@@ -20,11 +20,8 @@ A quick run:
 
   python -m launch.benchmark_solvers --width 32 --batch 8 --repeats 2 --output /tmp/b.jsonl
 
-The composed solvers (``sequence((fixed_point_iteration, 3), anderson)``,
-``fallback(anderson, broyden)``) against their parts at spectral norms 0.9-3.0, with
-the per-step overhead of each combinator over its active part:
-
-  python -m launch.benchmark_solvers --composed --width 64 --batch 16 --repeats 3
+The composed solvers against their parts (on ``norm<value>`` problems):
+``launch/benchmark_composed.py``.
 """
 
 from __future__ import annotations
@@ -52,15 +49,6 @@ _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed runs per measurement (media
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the problem.")
 _MEMORY_BUDGETS = flags.DEFINE_list("memory_budgets", ["30", "120"], "max_iter for memory.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON lines path (a PNG is written beside).")
-_COMPOSED = flags.DEFINE_bool(
-    "composed", False, "Only benchmark the composed solvers against their parts."
-)
-_COMPOSED_NORMS = flags.DEFINE_list(
-    "composed_norms", ["0.9", "1.5", "2.5", "3.0"], "Spectral norms of W for --composed."
-)
-_STEP_BUDGET = flags.DEFINE_integer(
-    "step_budget", 100, "Steps of the fixed-budget runs that time one step (--composed)."
-)
 
 
 def cell(z, args):
@@ -211,93 +199,6 @@ def benchmark_one(problem, rel_tol, name, w, inj, t_f, tol_abs, repeats):
     return row, trace
 
 
-def composed_lineup(tol_abs: float, max_iter: int) -> dict:
-    """The composed solvers of issue 38 and their parts, all stopping at ``tol_abs``."""
-    S = dj.solvers
-    hyper = dict(tol=tol_abs, max_iter=max_iter, stop_mode="abs")
-    fpi, anderson, broyden = S.fixed_point_iteration(), S.anderson(), S.broyden()
-    return {
-        "fixed_point_iteration": fpi.replace(**hyper),
-        "anderson": anderson.replace(**hyper),
-        "broyden": broyden.replace(**hyper),
-        "sequence(fixed_point_iteration:3,anderson)": S.sequence((fpi, 3), anderson, **hyper),
-        "fallback(anderson,broyden)": S.fallback(primary=anderson, backup=broyden, **hyper),
-        # the same, with a patience no solve reaches: the bookkeeping cost alone
-        "fallback(anderson,broyden,patience=budget)": S.fallback(
-            primary=anderson, backup=broyden, patience=max_iter, **hyper
-        ),
-    }
-
-
-# The part a composed solver spends its steps in, for the per-step overhead.
-ACTIVE_PART = {
-    "sequence(fixed_point_iteration:3,anderson)": "anderson",
-    "fallback(anderson,broyden)": "anderson",
-    "fallback(anderson,broyden,patience=budget)": "anderson",
-}
-
-
-def _timed_solve(solver, w, inj, repeats):
-    run = jax.jit(lambda w, inj: dj.fixed_point(cell, jnp.zeros_like(inj), (w, inj), solver=solver))
-    compile_seconds(run, w, inj)
-    return timed(run, w, inj, repeats=repeats)
-
-
-def composed_benchmark(emit, width, batch, seed, repeats) -> None:
-    """``sequence((fixed_point_iteration, 3), anderson)`` and ``fallback(anderson,
-    broyden)`` against their parts on the tanh cell at each spectral norm of
-    ``--composed_norms``: f-evaluations, convergence and wall time to each tolerance,
-    then the time of one step from a fixed-budget run of ``--step_budget`` steps and
-    its overhead over the active part's."""
-    budget = _STEP_BUDGET.value
-    for norm in _COMPOSED_NORMS.value:
-        problem = f"norm{norm}"
-        w, inj = make_problem(problem, width, batch, seed)
-        reference = dj.fixed_point(
-            cell, jnp.zeros_like(inj), (w, inj), solver=dj.solvers.anderson(tol=1e-7, max_iter=2000)
-        ).value
-        z_norm_min = float(jnp.min(jnp.linalg.norm(cell(reference, (w, inj)), axis=1)))
-        for rel_tol in map(float, _TOLS.value):
-            for name, solver in composed_lineup(rel_tol * z_norm_min, _MAX_ITER.value).items():
-                wall, out = _timed_solve(solver, w, inj, repeats)
-                nstep = np.asarray(out.stats.nstep)
-                rel = relative_residual(out.value, w, inj)
-                part = out.stats.part
-                emit(
-                    dict(
-                        composed=True,
-                        problem=problem,
-                        rel_tol=rel_tol,
-                        solver=name,
-                        f_evals_max=int(nstep.max()),
-                        f_evals_mean=float(nstep.mean()),
-                        converged=float(np.mean(out.stats.converged)),
-                        final_rel_residual_max=float(rel.max()),
-                        wall_ms=1e3 * wall,
-                        switched=None if part is None else float(np.mean(np.asarray(part) > 0)),
-                    )
-                )
-        step_ms = {}
-        for name, solver in composed_lineup(1e-30, budget).items():
-            wall, out = _timed_solve(solver.replace(full_budget=True), w, inj, repeats)
-            step_ms[name] = 1e3 * wall / budget
-            part = out.stats.part
-            active = ACTIVE_PART.get(name)
-            emit(
-                dict(
-                    composed=True,
-                    problem=problem,
-                    step_budget=budget,
-                    solver=name,
-                    ms_per_step=step_ms[name],
-                    overhead_vs_active_part=(
-                        None if active is None else step_ms[name] / step_ms[active] - 1.0
-                    ),
-                    switched=None if part is None else float(np.mean(np.asarray(part) > 0)),
-                )
-            )
-
-
 def train_step_memory(max_iter: int, backward: str, width: int, batch: int) -> dict:
     """Compiled peak memory of one Adam training step of a DEQ classifier."""
     key = jax.random.PRNGKey(0)
@@ -387,11 +288,6 @@ def main(argv):
             repeats=_REPEATS.value,
         )
     )
-    if _COMPOSED.value:
-        composed_benchmark(emit, _WIDTH.value, _BATCH.value, _SEED.value, _REPEATS.value)
-        if out_file:
-            out_file.close()
-        return
     traces = {}
     for problem in _PROBLEMS.value:
         w, inj = make_problem(problem, _WIDTH.value, _BATCH.value, _SEED.value)

@@ -112,8 +112,10 @@ def from_spec(
             raise ValueError(f"Only sequence stages take ':steps' (in spec {spec!r}).")
         want = {"fallback": 2, "restart": 1}.get(name)
         if (want and len(parts) != want) or not parts:
+            example = {"fallback": "(anderson, broyden)", "restart": "(anderson)"}
             raise ValueError(
-                f"{name} takes {want or 'one or more'} part(s), got {len(parts)} in spec {spec!r}."
+                f"{name} takes {want or 'one or more'} part(s), got {len(parts)} in spec "
+                f"{spec!r}; e.g. {name}{example.get(name, '(fixed_point_iteration:3, anderson)')}."
             )
         if name == "fallback":
             return get(name, primary=parts[0], backup=parts[1], **own)

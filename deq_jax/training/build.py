@@ -91,7 +91,7 @@ def build_solver(config: Any) -> Solver:
     name = section["name"]
     common = ("tol", "stop_mode", "max_iter", "full_budget")
     hyper = {k: section[k] for k in common if k in section}
-    if "(" in name:  # a composed solver, e.g. "fallback(anderson, broyden)"
+    if "(" in name or name in solvers_lib.COMBINATORS:  # e.g. "fallback(anderson, broyden)"
         subs = {n: _sub_section(section, n, "deq.solver") for n in solvers_lib.names()}
         return solvers_lib.from_spec(name, subs, **hyper)
     if name not in solvers_lib.names():
