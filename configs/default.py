@@ -20,7 +20,10 @@ Sections:
     (`deq_jax.nn.DEQSpec`, `deq_jax.training.build.build_deq_spec`):
     ``solver.name`` picks `deq_jax.solvers.get(name, ...)` with ``tol``, ``stop_mode``,
     ``full_budget`` (run every sample for the whole budget: a fixed depth) and the
-    fields of the sub-section named like the solver (``anderson.m``, ...);
+    fields of the sub-section named like the solver (``anderson.m``, ...); a composed
+    solver is a spec string (``solver.name="fallback(anderson, broyden)"``,
+    ``"sequence(fixed_point_iteration:3, anderson)"``, ``"restart(anderson)"``) whose
+    parts read their sub-sections (``fallback.patience``, ``restart.patience``);
     ``backward.name`` picks `deq_jax.backward.get(name, ...)` with the fields of the
     sub-section named like it (``phantom.k``, ...); ``backward.ift.solver=""``
     inherits the forward solver, whose tolerance and budget a non-zero ``ift.tol`` and
@@ -220,6 +223,8 @@ def get_config() -> ConfigDict:
                 fixed_point_iteration=dict(tau=1.0),
                 anderson=dict(m=5, beta=1.0, lam=1e-4),
                 broyden=dict(memory=20),
+                fallback=dict(patience=10, growth=100.0),
+                restart=dict(patience=10),
             ),
             backward=dict(
                 name="ift",

@@ -29,6 +29,9 @@ The spectral-norm sweep of BUILD_NOTES.md:
 A quick run:
 
   python -m launch.benchmark_solvers --width 32 --batch 8 --repeats 2 --output /tmp/b.jsonl
+
+The composed solvers against their parts (on ``norm<value>`` problems):
+``launch/benchmark_composed.py``.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def test_default_prefix_sum_goal_settings():
     assert {2, 4} <= set(config.eval.budget_multipliers)
 
 
-@pytest.mark.parametrize("name", solvers.names())
+@pytest.mark.parametrize("name", [n for n in solvers.names() if n not in solvers.COMBINATORS])
 def test_every_solver_builds_from_config(name):
     config = default.get_config()
     config.deq.solver.name = name
@@ -50,6 +50,14 @@ def test_every_solver_builds_from_config(name):
     assert solver.name == name and solver.tol == config.deq.solver.tol
     for key, value in config.deq.solver[name].items():
         assert getattr(solver, key) == value
+
+
+@pytest.mark.parametrize("name", solvers.COMBINATORS)
+def test_a_bare_combinator_name_asks_for_its_parts(name):
+    config = default.get_config()
+    config.deq.solver.name = name
+    with pytest.raises(ValueError, match=rf"{name} takes .* part\(s\), got 0.*e\.g\. {name}\("):
+        build.build_solver(config.deq.solver)
 
 
 @pytest.mark.parametrize("name", backward.names())

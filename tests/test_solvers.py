@@ -428,7 +428,7 @@ def test_registry_builds_by_name():
 
 
 def test_unknown_solver_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="anderson, broyden, fixed_point_iteration"):
+    with pytest.raises(ValueError, match="anderson, broyden, fallback, fixed_point_iteration"):
         solvers.get("newton")
 
 

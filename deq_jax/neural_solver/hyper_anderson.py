@@ -44,7 +44,7 @@ POOLS = ("mean", "last")
 ALPHA_MODES = ("learned", "least_squares")
 
 # Relative ridge of the least-squares alpha (as `deq_jax.solvers.anderson`'s default).
-_LS_RIDGE = 1e-4
+LS_RIDGE = 1e-4
 
 # Extra per-slot features next to the pooled residual: log relative norm, valid flag.
 EXTRA_FEATURES = 2
@@ -252,7 +252,6 @@ def hyper_anderson_step(
     state_shape: StateShape,
     pool: str,
     alpha_mode: str = "learned",
-    anderson_after: int | None = None,
     beta: float | None = None,
 ) -> HyperAndersonStep:
     """Books ``(z, f(z))`` (the ``k``-th evaluation, ``k >= 1``) and proposes the next iterate.
@@ -267,8 +266,6 @@ def hyper_anderson_step(
       pool: ``"mean"`` or ``"last"``.
       alpha_mode: ``"learned"`` (the network's alpha) or ``"least_squares"`` (Anderson's
         ``argmin ||G alpha||`` with ``sum alpha = 1``; the network's beta is kept).
-      anderson_after: from evaluation ``k > anderson_after`` on, take plain Anderson
-        steps (least-squares alpha, ``beta = 1``) on the same history; ``None`` never.
       beta: ``None``: the network predicts ``beta``; a number: this fixed ``beta`` (the
         network then has no ``beta`` head, see `HyperAndersonNet`).
 
@@ -285,42 +282,23 @@ def hyper_anderson_step(
     norms = jnp.concatenate([state.norms[:, 1:], jnp.linalg.norm(g, axis=-1)[:, None]], axis=1)
     valid = jnp.arange(n) >= n - jnp.minimum(k, n)  # [n], oldest first
     gram = state.gram
-    if alpha_mode == "least_squares" or anderson_after is not None:
+    if alpha_mode == "least_squares":
         gram = update_gram(gram, gs, g, slot)
-
-    def least_squares_alpha() -> jax.Array:
-        ring_valid = jnp.arange(n) < jnp.minimum(k, n)  # slots written so far
-        return anderson_weights(gram, ring_valid, _LS_RIDGE).astype(z.dtype)
-
-    # With beta fixed at 1 both kinds of step take the undamped update (no residual pass);
-    # otherwise each returns its per-sample beta.
-    undamped = beta == 1.0
     batch = z.shape[0]
-
-    def learned(_) -> tuple[jax.Array, jax.Array | None]:
-        a, net_beta = net.apply(params, history_features(feats, norms, valid), valid)
-        if undamped:
-            step_beta = None
-        elif beta is None:
-            step_beta = net_beta.astype(z.dtype)
-        else:
-            step_beta = jnp.full((batch,), beta, z.dtype)
-        if alpha_mode == "least_squares":
-            return least_squares_alpha(), step_beta
+    a, net_beta = net.apply(params, history_features(feats, norms, valid), valid)
+    if beta == 1.0:  # the undamped update: no pass over the residuals
+        step_beta = 1.0
+    elif beta is None:
+        step_beta = net_beta.astype(z.dtype)
+    else:
+        step_beta = jnp.full((batch,), beta, z.dtype)
+    if alpha_mode == "least_squares":
+        ring_valid = jnp.arange(n) < jnp.minimum(k, n)  # slots written so far
+        alpha = anderson_weights(gram, ring_valid, LS_RIDGE).astype(z.dtype)
+    else:
         alpha_chron = normalize_alpha(a.astype(z.dtype), valid)
         # Ring slot r holds the chronological position (r - slot - 1) % n.
         alpha = jnp.take(alpha_chron, (jnp.arange(n) - slot - 1) % n, axis=1)
-        return alpha, step_beta
-
-    def anderson_tail(_) -> tuple[jax.Array, jax.Array | None]:
-        return least_squares_alpha(), None if undamped else jnp.ones((batch,), z.dtype)
-
-    if anderson_after is None:
-        alpha, step_beta = learned(None)
-    else:  # one branch runs: the tail skips the network, the learned steps the Gram
-        alpha, step_beta = jax.lax.cond(k > anderson_after, anderson_tail, learned, None)
-    if undamped:
-        step_beta = 1.0
     return HyperAndersonStep(
         z_next=hyper_anderson_update(fs, gs, alpha, step_beta),
         state=HyperAndersonState(fs, gs, feats, norms, gram),

@@ -66,6 +66,9 @@ def unroll(
 ) -> Unrolled:
     """``steps`` HyperAnderson steps from ``z0 [B, D]``, reverse-differentiable.
 
+    Only learned steps are unrolled: a solver's Anderson hand-over (``anderson_after``)
+    is a solve-time composition, not trained.
+
     Args:
       solver: supplies the hyper-parameters (its own weights are not used).
       params: the network's variables, possibly traced (the ones being trained).
@@ -89,7 +92,7 @@ def unroll(
         sq = jnp.sum(out.mixed_residual**2, axis=-1)
         return (out.z_next, out.state), (out.z_next, sq, out.alpha, out.beta)
 
-    carry = (z0, solver.init(z0))
+    carry = (z0, solver.learned_init(z0))
     ks = jnp.arange(1, steps + 1, dtype=jnp.int32)
     _, (zs, sq, alphas, betas) = jax.lax.scan(body, carry, ks)
     return Unrolled(zs, sq, alphas, betas)

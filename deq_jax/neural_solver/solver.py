@@ -32,8 +32,10 @@ import jax.numpy as jnp
 from deq_jax.neural_solver.hyper_anderson import (
     ALPHA_MODES,
     EXTRA_FEATURES,
+    LS_RIDGE,
     POOLS,
     HyperAndersonNet,
+    HyperAndersonState,
     hyper_anderson_init,
     hyper_anderson_step,
 )
@@ -44,7 +46,9 @@ from deq_jax.neural_solver.state_shape import (
     is_multiscale,
     pooled_channels,
 )
+from deq_jax.solvers.anderson import AndersonState, anderson, update_gram
 from deq_jax.solvers.base import Solver
+from deq_jax.solvers.combinators import sequence
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,7 +80,10 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         history, ``beta = 1``) after this many learned steps, e.g. the ``K`` the
         network was trained on: the learned steps cut the early residual, Anderson
         keeps its fast convergence in the tail, where the network was never trained.
-        ``None`` (default): learned steps throughout.
+        The solve is then `handed_over`, i.e. ``sequence((learned, K),
+        anderson(m=m + 1))`` with the learned solver's history handed to Anderson;
+        `step` (the training unroll) stays the learned step. ``None`` (default):
+        learned steps throughout.
       beta: ``None`` (default): the network predicts the damping ``beta`` per sample, as
         in the paper; a number in ``(0, 1]``: a fixed ``beta`` and no ``beta`` head.
         ``1.0`` takes the undamped update ``sum_i alpha_i f(z_i)``, which skips a pass
@@ -138,14 +145,62 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
         """A copy with other (e.g. freshly trained) network variables."""
         return dataclasses.replace(self, params=params)
 
-    def init(self, z0):
+    @property
+    def handed_over(self) -> sequence | None:
+        """``sequence((learned, anderson_after), anderson(m=m + 1))``; ``None`` without."""
+        if self.anderson_after is None:
+            return None
+        learned = dataclasses.replace(self, anderson_after=None)
+        budget = {k: getattr(self, k) for k in ("tol", "max_iter", "stop_mode", "full_budget")}
+        tail = anderson(m=self.m + 1, beta=1.0, lam=LS_RIDGE, **budget)
+        return sequence((learned, self.anderson_after), tail, **budget)
+
+    def learned_init(self, z0):
+        """The learned steps' state (`HyperAndersonState`) for ``z0 [B, D]``."""
         return hyper_anderson_init(z0, self.m, pooled_channels(self.state_shape))
 
+    def init(self, z0):
+        if self.anderson_after is not None:
+            return self.handed_over.init(z0)
+        return self.learned_init(z0)
+
     def propose(self, aux, z, fz, k):
+        if self.anderson_after is not None:
+            return self.handed_over.propose(aux, z, fz, k)
         return self.step(self.variables, aux, z, fz, k)[:2]
 
+    def path(self, aux, k):
+        return None if self.anderson_after is None else self.handed_over.path(aux, k)
+
+    def hand_over(self, aux, to, k):
+        """The history as Anderson's when ``to`` is an `anderson` of memory ``m + 1``.
+
+        Anderson then continues on the same ring of images and residuals (the same
+        slots and count), as the hand-over of ``anderson_after`` always did. The
+        learned steps keep no Gram matrix; it is built here row by row in the order
+        the residuals were booked, so it holds the very numbers Anderson would have.
+        """
+        if not (isinstance(to, anderson) and to.m == self.m + 1) or self.anderson_after:
+            return None
+        if self.alpha_mode == "least_squares":
+            return AndersonState(fs=aux.fs, gs=aux.gs, gram=aux.gram)
+        n, gram = self.m + 1, aux.gram
+        for j in range(n):  # the evaluations k - n + 1 .. k, oldest first
+            booked = k - n + 1 + j
+            slot = (booked - 1) % n
+            row = update_gram(gram, aux.gs, jnp.take(aux.gs, slot, axis=1), slot)
+            gram = jnp.where(booked >= 1, row, gram)
+        return AndersonState(fs=aux.fs, gs=aux.gs, gram=gram)
+
     def step(self, params, aux, z, fz, k):
-        """The full `HyperAndersonStep` with explicit (possibly traced) ``params``."""
+        """The learned `HyperAndersonStep` with explicit (possibly traced) ``params``.
+
+        Without the Anderson hand-over, whatever ``anderson_after``: the training
+        unroll (`deq_jax.neural_solver.unroll`) trains the learned steps. ``aux`` is a
+        `learned_init` state, or an `init` state of the hand-over (its learned part).
+        """
+        if not isinstance(aux, HyperAndersonState):
+            aux = aux[0]
         return hyper_anderson_step(
             self.net,
             params,
@@ -156,7 +211,6 @@ class neural_solver(Solver):  # noqa: N801 - registry name is the constructor na
             self.state_shape,
             self.pool,
             self.alpha_mode,
-            self.anderson_after,
             self.beta,
         )
 

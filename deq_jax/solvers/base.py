@@ -49,6 +49,12 @@ class SolverStats(NamedTuple):
         finite iterate returned.
       trace: the stop-mode residual after each evaluation; entries at and after
         ``nstep`` hold the returned residual.
+      part: for a composed solver (`deq_jax.solvers.sequence`, ``fallback``,
+        ``restart``), ``[B]`` int32: the code of the part that made the sample's last
+        step (documented with each combinator); ``None`` for a plain solver.
+      switched_at: for a composed solver, ``[B]`` int32: the evaluation count ``k`` at
+        which that part took over (its first proposal follows evaluation ``k``); ``0``
+        if the sample never switched. ``None`` for a plain solver.
     """
 
     nstep: jax.Array
@@ -57,6 +63,8 @@ class SolverStats(NamedTuple):
     converged: jax.Array
     diverged: jax.Array
     trace: jax.Array
+    part: jax.Array | None = None
+    switched_at: jax.Array | None = None
 
 
 class Solution(NamedTuple):
@@ -118,6 +126,27 @@ class Solver(abc.ABC):
     @abc.abstractmethod
     def propose(self, aux: Any, z: jax.Array, fz: jax.Array, k: jax.Array):
         """Returns ``(z_next, aux)`` from ``z [B, D]``, ``fz = fn(z)`` and ``k`` evals."""
+
+    def hand_over(self, aux: Any, to: Solver, k: jax.Array) -> Any | None:
+        """This solver's history as a state of ``to``, when a composed solver switches.
+
+        `deq_jax.solvers.sequence` calls it when ``to`` takes over from this solver;
+        ``aux`` holds the evaluations ``1 .. k`` this solver booked (``k`` a traced int).
+        ``None`` (the default) starts ``to`` afresh from the current iterate (``to`` then
+        counts evaluations from its start); a state of ``to`` continues this history,
+        and ``to`` sees the evaluation count of the whole solve.
+        """
+        del aux, to, k
+        return None
+
+    def path(self, aux: Any, k: jax.Array) -> tuple[jax.Array, jax.Array] | None:
+        """``(part [B], switched_at [B])`` of a composed solver after evaluation ``k``.
+
+        The loop records it per sample while the sample runs (`SolverStats.part`,
+        `SolverStats.switched_at`); ``None`` (a plain solver) records nothing.
+        """
+        del aux, k
+        return None
 
 
 def residuals(z: jax.Array, fz: jax.Array) -> tuple[jax.Array, jax.Array]:

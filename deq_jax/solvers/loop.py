@@ -58,8 +58,9 @@ class LoopState(NamedTuple):
     trace: jax.Array  # [B, max_iter] stop-mode residual after each evaluation
     read: Any  # the readout of z (a pytree, batch axis first); () without a readout
     same: jax.Array  # [B] int32, evaluations in a row with an unchanged readout
+    path: Any  # a composed solver's (part [B], switched_at [B]) while active; () otherwise
     image: Any  # [B, D] fn at the last iterate with a finite image (unrolled); else ()
-    path: Any  # [B] sum of squared residuals while active (unrolled); else ()
+    squares: Any  # [B] sum of squared residuals while active (unrolled); else ()
 
 
 class Settle(NamedTuple):
@@ -103,11 +104,15 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
             )
             read = jax.tree_util.tree_map(keep, read, s.read)
     take = improved | settled_now  # a settled sample is returned where it settled
-    image, path = s.image, s.path
-    if not isinstance(path, tuple):  # iterate_unrolled
+    path = s.path
+    now = solver.path(s.aux, s.k)
+    if now is not None:  # a composed solver: which part made this step, while active
+        path = tuple(jnp.where(s.active, new, old) for new, old in zip(now, s.path, strict=True))
+    image, squares = s.image, s.squares
+    if not isinstance(squares, tuple):  # iterate_unrolled
         moved = s.active & finite
         image = jnp.where(moved[:, None], s.fz, image)
-        path = path + jnp.where(moved, jnp.square(abs_res), 0.0)
+        squares = squares + jnp.where(moved, jnp.square(abs_res), 0.0)
     return s._replace(
         best_z=jnp.where(take[:, None], s.z, s.best_z),
         best_abs=jnp.where(take, abs_res, s.best_abs),
@@ -118,8 +123,9 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
         trace=jax.lax.dynamic_update_index_in_dim(s.trace, res, s.k - 1, axis=1),
         read=read,
         same=same,
-        image=image,
         path=path,
+        image=image,
+        squares=squares,
     )
 
 
@@ -132,11 +138,13 @@ def _init(
 ) -> LoopState:
     batch = z0.shape[0]
     inf = jnp.full((batch,), jnp.inf, z0.dtype)
+    aux = solver.init(z0)
+    path = () if solver.path(aux, 1) is None else (jnp.zeros((batch,), jnp.int32),) * 2
     s = LoopState(
         k=jnp.ones((), jnp.int32),
         z=z0,
         fz=fn(z0),
-        aux=solver.init(z0),
+        aux=aux,
         best_z=z0,
         best_abs=inf,
         best_rel=inf,
@@ -146,8 +154,9 @@ def _init(
         trace=jnp.zeros((batch, solver.max_iter), z0.dtype),
         read=(),
         same=jnp.zeros((batch,), jnp.int32),
+        path=path,
         image=z0 if unrolled else (),
-        path=jnp.zeros((batch,), z0.dtype) if unrolled else (),
+        squares=jnp.zeros((batch,), z0.dtype) if unrolled else (),
     )
     return _observe(solver, s, settle, first=True)
 
@@ -186,6 +195,8 @@ def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
         converged=~s.diverged & (~s.active | (solver.full_budget & (best <= solver.tol))),
         diverged=s.diverged,
         trace=jnp.where(taken, s.trace, best[:, None]),
+        part=s.path[0] if s.path else None,
+        switched_at=s.path[1] if s.path else None,
     )
     return s.best_z, stats
 
@@ -249,7 +260,7 @@ def iterate_unrolled(
     iterate.
 
     Returns:
-      ``(image [B, D], stats, path [B])``: per sample ``fn`` at the iterate it stopped
+      ``(image [B, D], stats, squares [B])``: per sample ``fn`` at the iterate it stopped
       on (converged, or out of budget), or at its last iterate with a finite image if it
       diverged (``z0`` if none had one); `SolverStats` as `iterate`'s; and
       ``sum_t ||fn(z_t) - z_t||^2`` over the evaluations with a finite residual (for
@@ -264,4 +275,4 @@ def iterate_unrolled(
     s = _init(solver, fn, z0, None, unrolled=True)
     s = _scan(solver, lambda s: _step(solver, fn, None, s), s)
     _, stats = _finish(solver, s)
-    return s.image, stats, s.path
+    return s.image, stats, s.squares

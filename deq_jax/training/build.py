@@ -91,15 +91,23 @@ def _sub_section(section: dict[str, Any], name: str, what: str) -> dict[str, Any
 def build_solver(config: Any) -> Solver:
     """``solvers.get(name, tol=..., stop_mode=..., **config[name])`` from ``config.deq.solver``.
 
+    A ``name`` with parentheses is a composed solver's spec string
+    (`deq_jax.solvers.from_spec`, e.g. ``"fallback(anderson, broyden)"`` or
+    ``"sequence(fixed_point_iteration:3, anderson)"``): every part takes the section's
+    budget keywords and its own sub-section (``anderson.m``, ``fallback.patience``).
+
     Raises:
       ValueError: for an unknown solver name or keyword, listing the valid ones.
     """
     section = _section(config)
     name = section["name"]
-    if name not in solvers_lib.names():
-        return solvers_lib.get(name)  # raises, listing the valid names
     common = ("tol", "stop_mode", "max_iter", "full_budget")
     hyper = {k: section[k] for k in common if k in section}
+    if "(" in name or name in solvers_lib.COMBINATORS:  # e.g. "fallback(anderson, broyden)"
+        subs = {n: _sub_section(section, n, "deq.solver") for n in solvers_lib.names()}
+        return solvers_lib.from_spec(name, subs, **hyper)
+    if name not in solvers_lib.names():
+        return solvers_lib.get(name)  # raises, listing the valid names
     hyper.update(_sub_section(section, name, "deq.solver"))
     return solvers_lib.get(name, **hyper)
 

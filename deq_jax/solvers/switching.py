@@ -1,0 +1,275 @@
+"""Per-sample switching combinators: `fallback` to a backup solver, `restart` on a stall.
+
+Both watch each sample's residual (in their ``stop_mode``) and act on that sample
+alone: the other samples go on exactly as under the wrapped solver. Both restart the
+part they hand a sample to from the sample's lowest-residual iterate so far, with a
+fresh state (history), and record the switch in the statistics
+(`deq_jax.SolverStats.part`, ``switched_at``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from deq_jax.solvers.base import Solver
+from deq_jax.solvers.combinators import (
+    check_part,
+    inherit_hyper,
+    propose_rows,
+    stop_residual,
+    where_rows,
+)
+
+# What makes `fallback` hand a sample to its backup.
+TRIGGERS = ("nonfinite", "diverging", "stalled")
+
+
+class Watch(NamedTuple):
+    """Each sample's best iterate so far and how long ago it improved."""
+
+    best_z: jax.Array  # [B, D] lowest-residual iterate
+    best_fz: jax.Array  # [B, D] its image
+    best_res: jax.Array  # [B] its residual
+    stall: jax.Array  # [B] int32, evaluations since the residual last improved
+
+
+def _watch_init(z0: jax.Array) -> Watch:
+    batch = z0.shape[0]
+    return Watch(
+        best_z=z0,
+        best_fz=z0,
+        best_res=jnp.full((batch,), jnp.inf, z0.dtype),
+        stall=jnp.zeros((batch,), jnp.int32),
+    )
+
+
+def _watch(solver: Solver, w: Watch, z: jax.Array, fz: jax.Array) -> tuple[Watch, jax.Array]:
+    """Books ``(z, fz)``; returns the new watch and the residual of ``z``, ``[B]``."""
+    res = stop_residual(solver, z, fz)
+    better = res < w.best_res  # false for NaN
+    w = Watch(
+        best_z=jnp.where(better[:, None], z, w.best_z),
+        best_fz=jnp.where(better[:, None], fz, w.best_fz),
+        best_res=jnp.where(better, res, w.best_res),
+        stall=jnp.where(better, 0, w.stall + 1),
+    )
+    return w, res
+
+
+def _check_patience(patience: Any) -> None:
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise ValueError(f"patience must be an integer >= 1, got {patience!r}.")
+
+
+class FallbackState(NamedTuple):
+    """The two parts' states, which samples are on the backup, and the watch."""
+
+    primary: Any
+    backup: Any
+    on_backup: jax.Array  # [B] bool
+    start: jax.Array  # [B] int32, evaluation after which the backup took over (0: never)
+    watch: Watch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class fallback(Solver):  # noqa: N801 - registry name is the constructor name
+    """``primary``, and per sample ``backup`` once ``primary`` fails on that sample.
+
+    A sample switches (once, for good) when one of the ``when`` triggers fires after
+    one of its evaluations:
+
+    * ``"nonfinite"``: the primary proposes a non-finite iterate (e.g. Anderson's
+      least-squares system went singular);
+    * ``"diverging"``: the residual exceeds ``growth`` times the sample's best one (or
+      is not finite);
+    * ``"stalled"``: the residual has not gone below the sample's best for
+      ``patience`` evaluations in a row.
+
+    The backup then starts from the sample's lowest-residual iterate so far, with a
+    fresh state, and makes that sample's next proposal. The other samples keep the
+    primary's iterates, bit for bit. The backup runs only once some sample uses it.
+
+    Statistics: ``part`` is 0 (primary) or 1 (backup); ``switched_at`` the evaluation
+    after which the backup took over (0: never).
+
+    Attributes:
+      primary: the solver tried first.
+      backup: the solver a failing sample switches to.
+      when: the triggers, a subset of ``("nonfinite", "diverging", "stalled")``.
+      patience: evaluations without a new best residual that count as a stall.
+      growth: the multiple of the best residual that counts as diverging.
+      tol, max_iter, stop_mode, full_budget: see `Solver`; unset, the primary's.
+
+    References:
+      Walker & Ni, "Anderson acceleration for fixed-point iterations", SIAM J. Numer.
+      Anal. 2011 (safeguarding Anderson's least-squares step).
+    """
+
+    primary: Solver
+    backup: Solver
+    when: tuple[str, ...] = TRIGGERS
+    patience: int = 10
+    growth: float = 100.0
+    tol: float | None = None
+    max_iter: int | None = None
+    stop_mode: str | None = None
+    full_budget: bool | None = None
+
+    def __post_init__(self):
+        check_part(self.primary, "fallback's primary")
+        check_part(self.backup, "fallback's backup")
+        when = (self.when,) if isinstance(self.when, str) else tuple(self.when)
+        unknown = sorted(set(when) - set(TRIGGERS))
+        if unknown or not when:
+            raise ValueError(
+                f"fallback(when=...) takes one or more of {', '.join(TRIGGERS)}; got {self.when!r}."
+            )
+        object.__setattr__(self, "when", when)
+        _check_patience(self.patience)
+        if not self.growth > 1:
+            raise ValueError(f"growth must be > 1, got {self.growth!r}.")
+        inherit_hyper(self, self.primary)
+        super().__post_init__()
+
+    def init(self, z0):
+        batch = z0.shape[0]
+        return FallbackState(
+            primary=self.primary.init(z0),
+            backup=self.backup.init(z0),
+            on_backup=jnp.zeros((batch,), bool),
+            start=jnp.zeros((batch,), jnp.int32),
+            watch=_watch_init(z0),
+        )
+
+    def _triggered(self, res, best_before, stall, z_primary) -> jax.Array:
+        fired = jnp.zeros(res.shape, bool)
+        if "nonfinite" in self.when:
+            fired |= ~jnp.all(jnp.isfinite(z_primary), axis=1)
+        if "diverging" in self.when:
+            fired |= ~jnp.isfinite(res) | (res > self.growth * best_before)
+        if "stalled" in self.when:
+            fired |= stall >= self.patience
+        return fired
+
+    def propose(self, aux, z, fz, k):
+        best_before = aux.watch.best_res
+        watch, res = _watch(self, aux.watch, z, fz)
+        z_primary, primary = self.primary.propose(aux.primary, z, fz, k)
+        switch = ~aux.on_backup & self._triggered(res, best_before, watch.stall, z_primary)
+        on_backup = aux.on_backup | switch
+        start = jnp.where(switch, k, aux.start)
+
+        def run_backup():
+            state = where_rows(switch, self.backup.init(watch.best_z), aux.backup)
+            z_in = jnp.where(switch[:, None], watch.best_z, z)
+            fz_in = jnp.where(switch[:, None], watch.best_fz, fz)
+            return propose_rows(self.backup, state, z_in, fz_in, jnp.maximum(k - start + 1, 1))
+
+        z_backup, backup = jax.lax.cond(
+            jnp.any(on_backup), run_backup, lambda: (z_primary, aux.backup)
+        )
+        z_next = jnp.where(on_backup[:, None], z_backup, z_primary)
+        return z_next, FallbackState(primary, backup, on_backup, start, watch)
+
+    def path(self, aux, k):
+        return aux.on_backup.astype(jnp.int32), aux.start
+
+
+class RestartState(NamedTuple):
+    """The solver's state, each sample's last restart, and the watch."""
+
+    inner: Any
+    start: jax.Array  # [B] int32, evaluation after which the sample last restarted (0: never)
+    watch: Watch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class restart(Solver):  # noqa: N801 - registry name is the constructor name
+    """``solver``, restarted per sample from its best iterate when its residual stalls.
+
+    When a sample's residual has not gone below its best for ``patience`` evaluations
+    in a row, its state (e.g. Anderson's history, Broyden's inverse-Jacobian terms) is
+    cleared and the solver goes on from the sample's lowest-residual iterate so far, as
+    if that were a new start. The samples never restarted take the solver's own batched
+    steps, bit for bit; once some sample has restarted, the restarted ones also take a
+    step mapped over the rows (each counts from its own restart), about one more step's
+    work.
+
+    Statistics: ``part`` is 0 (the one solver); ``switched_at`` the evaluation after
+    which the sample last restarted (0: never).
+
+    Built positionally (``restart(anderson(), 5)``) or by keywords.
+
+    Attributes:
+      solver: the solver to restart.
+      patience: evaluations without a new best residual that trigger a restart.
+      tol, max_iter, stop_mode, full_budget: see `Solver`; unset, the solver's.
+    """
+
+    solver: Solver
+    patience: int = 10
+    tol: float | None = None
+    max_iter: int | None = None
+    stop_mode: str | None = None
+    full_budget: bool | None = None
+
+    def __init__(self, solver: Solver, patience: int = 10, **hyper: Any):
+        valid = ("tol", "max_iter", "stop_mode", "full_budget")
+        unknown = sorted(set(hyper) - set(valid))
+        if unknown:
+            raise TypeError(
+                f"Unknown restart keyword(s) {unknown}; valid: solver, patience, "
+                f"{', '.join(valid)}."
+            )
+        object.__setattr__(self, "solver", solver)
+        object.__setattr__(self, "patience", patience)
+        for name in valid:
+            object.__setattr__(self, name, hyper.get(name))
+        self.__post_init__()
+
+    def __post_init__(self):
+        check_part(self.solver, "restart's solver")
+        _check_patience(self.patience)
+        inherit_hyper(self, self.solver)
+        super().__post_init__()
+
+    def init(self, z0):
+        return RestartState(
+            inner=self.solver.init(z0),
+            start=jnp.zeros((z0.shape[0],), jnp.int32),
+            watch=_watch_init(z0),
+        )
+
+    def propose(self, aux, z, fz, k):
+        watch, _ = _watch(self, aux.watch, z, fz)
+        now = watch.stall >= self.patience
+        watch = watch._replace(stall=jnp.where(now, 0, watch.stall))
+        start = jnp.where(now, k, aux.start)
+
+        def per_sample():
+            state = where_rows(now, self.solver.init(watch.best_z), aux.inner)
+            z_in = jnp.where(now[:, None], watch.best_z, z)
+            fz_in = jnp.where(now[:, None], watch.best_fz, fz)
+            local = jnp.where(start > 0, k - start + 1, k)
+            return propose_rows(self.solver, state, z_in, fz_in, local)
+
+        # the samples never restarted take the solver's own batched step, bit for bit
+        z_next, inner = self.solver.propose(aux.inner, z, fz, k)
+        restarted = start > 0
+
+        def merge():
+            z_rows, inner_rows = per_sample()
+            return (
+                jnp.where(restarted[:, None], z_rows, z_next),
+                where_rows(restarted, inner_rows, inner),
+            )
+
+        z_next, inner = jax.lax.cond(jnp.any(restarted), merge, lambda: (z_next, inner))
+        return z_next, RestartState(inner, start, watch)
+
+    def path(self, aux, k):
+        return jnp.zeros_like(aux.start), aux.start

@@ -1,0 +1,302 @@
+"""Composed solvers: sequence, fallback, restart, their statistics and config specs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from problems import tanh_cell, tanh_problem
+
+import deq_jax as dj
+from configs import default
+from deq_jax import solvers as S
+from deq_jax.nn import DEQ, MLPCell
+from deq_jax.training.build import build_solver
+
+B, D = 4, 16
+
+
+def _solve(solver, f=tanh_cell, args=None, z0=None, jit=True):
+    args = tanh_problem(jax.random.PRNGKey(0), batch=B, d=D, norm=0.9) if args is None else args
+    z0 = jnp.zeros((B, D)) if z0 is None else z0
+    run = lambda z0, args: dj.fixed_point(f, z0, args, solver=solver)
+    return (jax.jit(run) if jit else run)(z0, args)
+
+
+def _last_iterate(solver, fn, z0, steps):
+    """The iterate after ``steps`` proposals of ``solver`` (its last, not its best)."""
+    z, aux = z0, solver.init(z0)
+    for k in range(1, steps + 1):
+        z, aux = solver.propose(aux, z, fn(z), k)
+    return z
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_sequence_is_its_parts_one_after_the_other(jit):
+    # sequence((fixed_point_iteration, 3), anderson) by hand: three plain steps, then
+    # Anderson started afresh at the fourth iterate. Traces: the first 4 evaluations
+    # are iteration's, the rest Anderson's from z3 (whose first evaluation is f(z3)).
+    w, x = args = tanh_problem(jax.random.PRNGKey(0), batch=B, d=D, norm=0.9)
+    fn = lambda z: tanh_cell(z, args)
+    tol, budget = 1e-30, 12
+    fpi, anderson = S.fixed_point_iteration(), S.anderson(m=4)
+    composed = S.sequence((fpi, 3), anderson, tol=tol, max_iter=budget)
+    got = _solve(composed, args=args, jit=jit)
+    z3 = _last_iterate(fpi, fn, jnp.zeros((B, D)), 3)
+    head = _solve(fpi.replace(tol=tol, max_iter=4), args=args)
+    tail = _solve(anderson.replace(tol=tol, max_iter=budget - 3), args=args, z0=z3)
+    np.testing.assert_allclose(got.stats.trace[:, :4], head.stats.trace, rtol=1e-6)
+    np.testing.assert_allclose(got.stats.trace[:, 3:], tail.stats.trace, rtol=1e-5)
+    np.testing.assert_allclose(got.value, tail.value, atol=1e-6)
+    np.testing.assert_array_equal(got.stats.part, 1)
+    np.testing.assert_array_equal(got.stats.switched_at, 3)
+    # the budget keywords default to the last part's
+    assert S.sequence((fpi, 2), S.anderson(tol=1e-7, max_iter=9)).tol == 1e-7
+    assert composed.replace(max_iter=5).max_iter == 5
+
+
+def test_sequence_records_the_part_each_sample_stopped_in():
+    # An easy problem: with a long warm-up some samples converge during iteration.
+    args = tanh_problem(jax.random.PRNGKey(1), batch=B, d=D, norm=0.3)
+    composed = S.sequence((S.fixed_point_iteration(), 5), S.anderson(), tol=1e-3)
+    sol = _solve(composed, args=args)
+    nstep, part = np.asarray(sol.stats.nstep), np.asarray(sol.stats.part)
+    # the iterate of evaluation n was proposed after evaluation n - 1
+    np.testing.assert_array_equal(part, (nstep - 1 > 5).astype(int))
+    np.testing.assert_array_equal(sol.stats.switched_at, np.where(part == 1, 5, 0))
+    assert part.min() == 0  # the case the test is about occurred
+    plain = _solve(S.fixed_point_iteration(tol=1e-3))
+    assert plain.stats.part is None and plain.stats.switched_at is None
+
+
+def test_sequence_of_one_solver_and_bad_stages():
+    plain = _solve(S.anderson(tol=1e-30, max_iter=10))
+    one = _solve(S.sequence(S.anderson(tol=1e-30, max_iter=10)))
+    np.testing.assert_array_equal(one.stats.trace, plain.stats.trace)
+    with pytest.raises(ValueError, match=r"\(solver, steps\) pair"):
+        S.sequence(S.anderson(), S.broyden())
+    with pytest.raises(ValueError, match="integer >= 0"):
+        S.sequence((S.anderson(), -1), S.broyden())
+    with pytest.raises(TypeError, match="must be a deq_jax Solver"):
+        S.sequence(("anderson", 2), S.broyden())
+    with pytest.raises(ValueError, match="one step count per solver"):
+        S.sequence(solvers=(S.anderson(), S.broyden()), steps=())
+
+
+# Rows in BAD: the affine map f(z) = z / 2 + c with c = +-1/8 per entry (fixed point 2c).
+# From z0 = 0 its residuals c, c / 2, ... are parallel, so Anderson without a ridge
+# (lam=0) meets a singular least-squares system at its second step (the Gram entries are
+# exact binary fractions: the Cholesky pivot is exactly 0) and proposes NaN; Broyden
+# solves the map exactly. Other rows: the contractive tanh cell, on which that
+# Anderson converges.
+BAD = jnp.array([False, True, False, False])
+
+
+def _target(x):
+    return 0.25 * jnp.sign(x)
+
+
+def _mixed_cell(z, args):
+    w, x = args
+    affine = 0.5 * z + 0.125 * jnp.sign(x)
+    return jnp.where(BAD[:, None], affine, jnp.tanh(z @ w + x))
+
+
+def test_fallback_rescues_a_singular_anderson_and_leaves_other_samples_alone():
+    args = tanh_problem(jax.random.PRNGKey(2), batch=B, d=D, norm=0.9)
+    primary = S.anderson(m=5, lam=0.0, tol=1e-5, max_iter=150)
+    plain = _solve(primary, f=_mixed_cell, args=args)
+    assert bool(plain.stats.diverged[1]) and not bool(plain.stats.converged[1])
+    rescued = _solve(S.fallback(primary=primary, backup=S.broyden()), f=_mixed_cell, args=args)
+    assert bool(jnp.all(rescued.stats.converged))
+    np.testing.assert_allclose(rescued.value[1], _target(args[1][1]), atol=1e-6)
+    np.testing.assert_array_equal(rescued.stats.part, [0, 1, 0, 0])
+    np.testing.assert_array_equal(rescued.stats.switched_at, [0, 2, 0, 0])
+    # the other samples: bit for bit the plain primary's iterates
+    good = np.asarray(~BAD)
+    np.testing.assert_array_equal(rescued.value[good], plain.value[good])
+    np.testing.assert_array_equal(rescued.stats.trace[good], plain.stats.trace[good])
+    np.testing.assert_array_equal(rescued.stats.nstep[good], plain.stats.nstep[good])
+
+
+def test_fallback_backup_starts_from_the_best_iterate():
+    # Hand-written: the bad sample runs Anderson for its first evaluation (z1 = f(z0)),
+    # its best iterate is then z1 (the lower residual), and Broyden starts there afresh.
+    args = tanh_problem(jax.random.PRNGKey(2), batch=B, d=D, norm=0.9)
+    primary, backup = S.anderson(m=5, lam=0.0), S.broyden()
+    composed = S.fallback(primary=primary, backup=backup, tol=1e-30, max_iter=8)
+    got = _solve(composed, f=_mixed_cell, args=args)
+    fn = lambda z: _mixed_cell(z, args)
+    z1 = fn(jnp.zeros((B, D)))
+    by_hand = _solve(backup.replace(tol=1e-30, max_iter=7), f=_mixed_cell, args=args, z0=z1)
+    # evaluations 1, 2 are z0, z1 (Anderson); 3.. are Broyden's from z1, whose first
+    # evaluation (of z1, booked again) is not repeated by the fallback
+    np.testing.assert_allclose(got.stats.trace[1, 2:], by_hand.stats.trace[1, 1:7], rtol=1e-5)
+
+
+def test_fallback_on_a_stall_and_its_triggers():
+    # "stalled" alone: on f(z) = z + 1 the absolute residual stays put, so iteration
+    # stalls and switches after `patience` evaluations that do not improve on the best.
+    stuck = lambda z, args: z + 1.0
+    composed = S.fallback(
+        primary=S.fixed_point_iteration(stop_mode="abs"),
+        backup=S.broyden(),
+        when="stalled",
+        patience=3,
+    )
+    sol = _solve(composed.replace(max_iter=10), f=stuck)
+    np.testing.assert_array_equal(sol.stats.part, 1)
+    # evaluation 1 sets the best; evaluations 2, 3, 4 do not improve it
+    np.testing.assert_array_equal(sol.stats.switched_at, 4)
+    # on a contraction the residual improves every step: no switch
+    calm = _solve(composed.replace(max_iter=10, stop_mode="rel"))
+    np.testing.assert_array_equal(calm.stats.part, 0)
+    assert composed.when == ("stalled",)
+    with pytest.raises(ValueError, match="nonfinite, diverging, stalled"):
+        S.fallback(primary=S.anderson(), backup=S.broyden(), when=("exploded",))
+    with pytest.raises(ValueError, match="patience"):
+        S.fallback(primary=S.anderson(), backup=S.broyden(), patience=0)
+    with pytest.raises(TypeError, match="backup must be a deq_jax Solver"):
+        S.fallback(primary=S.anderson(), backup="broyden")
+
+
+def test_restart_is_the_solver_until_a_stall_then_restarts_that_sample_only():
+    args = tanh_problem(jax.random.PRNGKey(3), batch=B, d=D, norm=0.9)
+    plain = _solve(S.anderson(tol=1e-30, max_iter=15), args=args)
+    never = _solve(S.restart(S.anderson(tol=1e-30, max_iter=15), 100), args=args)
+    np.testing.assert_array_equal(never.stats.trace, plain.stats.trace)
+    np.testing.assert_array_equal(never.stats.switched_at, 0)
+    # Sample 1 gets a cell with no fixed point (f(z) = z + 1: the absolute residual
+    # never improves); it restarts every 3 evaluations, the others are untouched.
+    cell = lambda z, a: jnp.where(BAD[:, None], z + 1.0, tanh_cell(z, a))
+    base = S.anderson(tol=1e-30, max_iter=15, stop_mode="abs")
+    plain = _solve(base, f=cell, args=args)
+    got = _solve(S.restart(base, patience=3), f=cell, args=args)
+    good = np.asarray(~BAD)
+    np.testing.assert_array_equal(got.stats.trace[good], plain.stats.trace[good])
+    np.testing.assert_array_equal(got.value[good], plain.value[good])
+    # stall counts 1, 2, 3 at evaluations 2, 3, 4: restart after 4, again after 7, ..., 13
+    np.testing.assert_array_equal(got.stats.switched_at, [0, 13, 0, 0])
+    np.testing.assert_array_equal(got.stats.part, 0)
+
+
+def test_restart_equals_the_solver_restarted_by_hand():
+    # By hand, the rule as documented: after each evaluation book the best iterate; when
+    # the residual has not improved for `patience` evaluations, Anderson starts afresh
+    # (count 1) from the best iterate and its image.
+    # W = -4 I + (a matrix of norm 0.5): Anderson with memory 2 oscillates.
+    w, x = tanh_problem(jax.random.PRNGKey(0), batch=1, d=D, norm=0.5)
+    args = (w - 4.0 * jnp.eye(D), x)
+    fn = lambda z: tanh_cell(z, args)
+    base, patience, budget = S.anderson(m=2, tol=1e-30), 2, 20
+    got = _solve(S.restart(base, patience, max_iter=budget), args=args, z0=jnp.zeros((1, D)))
+    z, aux, local, stall = jnp.zeros((1, D)), base.init(jnp.zeros((1, D))), 0, 0
+    best, best_z, best_fz, trace, restarts = np.inf, None, None, [], []
+    for k in range(1, budget + 1):
+        fz = fn(z)
+        res = float(dj.solvers.residuals(z, fz)[1][0])
+        trace.append(res)
+        if k == budget:
+            break
+        if res < best:
+            best, best_z, best_fz, stall = res, z, fz, 0
+        else:
+            stall += 1
+        if stall >= patience:
+            aux, z, fz, local, stall = base.init(best_z), best_z, best_fz, 0, 0
+            restarts.append(k)
+        local += 1
+        z, aux = base.propose(aux, z, fz, local)
+    assert restarts, "the problem must make Anderson stall"
+    np.testing.assert_allclose(got.stats.trace[0], trace, rtol=1e-4)
+    assert int(got.stats.switched_at[0]) == restarts[-1]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: S.sequence((S.fixed_point_iteration(), 3), S.anderson(tol=1e-6, max_iter=60)),
+        lambda: S.fallback(primary=S.anderson(tol=1e-6, max_iter=60), backup=S.broyden()),
+        lambda: S.restart(S.anderson(tol=1e-6, max_iter=60), 5),
+    ],
+)
+def test_gradients_through_fixed_point_with_a_composed_solver(make, x64):
+    w, x = tanh_problem(jax.random.PRNGKey(4), batch=2, d=6, norm=0.8, dtype="float64")
+    solver = make()
+    assert hash(solver) == hash(make()) and solver == make()
+
+    def loss(w, x, solver):
+        backward = dj.backward.ift(solver=solver.replace(tol=1e-10, max_iter=200))
+        z = dj.fixed_point(tanh_cell, jnp.zeros_like(x), (w, x), solver=solver, backward=backward)
+        return jnp.sum(z.value**2)
+
+    reference = S.anderson(tol=1e-12, max_iter=200)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(w, x, solver)
+    want = jax.grad(loss, argnums=(0, 1))(w, x, reference)
+    for g, r in zip(grad, want, strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-7)
+    # and against finite differences of the loss along one direction
+    v = jax.random.normal(jax.random.PRNGKey(5), x.shape, jnp.float64)
+    eps = 1e-5
+    fd = (loss(w, x + eps * v, reference) - loss(w, x - eps * v, reference)) / (2 * eps)
+    np.testing.assert_allclose(jnp.sum(grad[1] * v), fd, rtol=1e-5)
+
+
+def test_spec_strings_build_composed_solvers_and_name_bad_parts():
+    hyper = {"anderson": {"m": 3}, "fallback": {"patience": 4}}
+    built = S.from_spec(
+        "fallback(sequence(fixed_point_iteration:3, anderson), broyden)", hyper, tol=1e-5
+    )
+    want = S.fallback(
+        primary=S.sequence(
+            (S.fixed_point_iteration(tol=1e-5), 3), S.anderson(m=3, tol=1e-5), tol=1e-5
+        ),
+        backup=S.broyden(tol=1e-5),
+        patience=4,
+        tol=1e-5,
+    )
+    assert built == want
+    assert S.from_spec("restart(anderson)", {"restart": {"patience": 7}}) == S.restart(
+        S.anderson(), 7
+    )
+    bad = {
+        "fallback(anderson, brodyen)": "Unknown solver 'brodyen'.*Valid solvers: anderson",
+        "fallback(anderson)": "fallback takes 2 part",
+        "sequence(anderson, broyden)": "needs ':steps'",
+        "fallback(anderson:3, broyden)": "Only sequence stages",
+        "anderson(broyden)": "takes no parts",
+        "sequence(anderson:3, broyden": "missing '\\)'",
+    }
+    for spec, message in bad.items():
+        with pytest.raises(ValueError, match=message):
+            S.from_spec(spec)
+
+
+def test_config_names_a_composed_solver():
+    config = default.get_config()
+    config.deq.solver.name = "fallback(anderson, broyden)"
+    config.deq.solver.fallback.patience = 3
+    solver = build_solver(config.deq.solver)
+    assert isinstance(solver, S.fallback) and solver.patience == 3
+    assert solver.primary == S.anderson(tol=1e-3, m=5, beta=1.0, lam=1e-4)
+    assert solver.tol == 1e-3
+    config.deq.solver.name = "sequence(fixed_point_iteration:2, andersen)"
+    with pytest.raises(ValueError, match="Unknown solver 'andersen'.*Valid solvers"):
+        build_solver(config.deq.solver)
+
+
+def test_deq_layer_trains_with_a_composed_solver():
+    # The DEQ layer takes a composed solver like any other: its fixed point satisfies
+    # the cell, the stats say which part finished, and a gradient step goes through.
+    x = jax.random.normal(jax.random.PRNGKey(1), (4, 3))
+    cell = MLPCell(features=8, hidden=16)
+    solver = S.fallback(primary=S.anderson(tol=1e-5, max_iter=60), backup=S.broyden())
+    model = DEQ(cell, solver=solver)
+    variables = model.init(jax.random.key(0), x, train=False)
+    z, stats = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x)
+    assert bool(jnp.all(stats.converged)) and stats.part.shape == (4,)
+    fz = cell.apply({"params": variables["params"]["cell"]}, z, x)
+    np.testing.assert_allclose(fz, z, atol=1e-4)
+    loss = lambda p: jnp.sum(model.apply({"params": p}, x, train=True)[0] ** 2)
+    grads = jax.jit(jax.grad(loss))(variables["params"])
+    norms = [float(jnp.linalg.norm(g)) for g in jax.tree_util.tree_leaves(grads)]
+    assert all(np.isfinite(norms)) and max(norms) > 0
