@@ -32,12 +32,20 @@ FLAGS = flags.FLAGS
 _STEPS = flags.DEFINE_integer("steps", 100, "f-evaluations per run (the whole budget).")
 _PROBLEM = flags.DEFINE_string("problem", "norm0.9", "A problem of launch.benchmark_solvers.")
 
-# name -> (registry name, hyper-parameters); fixed_point_iteration first: the unit
+# name -> (solver spec, keyword sections by solver name); fixed_point_iteration first:
+# the unit. The composed solvers (`deq_jax.solvers.sequence`, `fallback`, `restart`)
+# measure what a combinator adds per step over the part that is active.
 SOLVERS = {
     "fixed_point_iteration": ("fixed_point_iteration", {}),
     "anderson": ("anderson", {}),
     "broyden": ("broyden", {}),
-    "broyden_whole_budget": ("broyden", {"memory": None}),
+    "broyden_whole_budget": ("broyden", {"broyden": {"memory": None}}),
+    "sequence(fixed_point_iteration:3, anderson)": (
+        "sequence(fixed_point_iteration:3, anderson)",
+        {},
+    ),
+    "fallback(anderson, broyden)": ("fallback(anderson, broyden)", {}),
+    "restart(anderson)": ("restart(anderson)", {}),
 }
 
 
@@ -45,8 +53,8 @@ def main(argv):
     del argv
     w, inj = make_problem(_PROBLEM.value, FLAGS.width, FLAGS.batch, FLAGS.seed)
     runs = {}
-    for name, (ctor, hyper) in SOLVERS.items():
-        solver = dj.solvers.get(ctor, max_iter=_STEPS.value, full_budget=True, **hyper)
+    for name, (spec, hyper) in SOLVERS.items():
+        solver = dj.solvers.from_spec(spec, hyper, max_iter=_STEPS.value, full_budget=True)
         runs[name] = jax.jit(
             lambda w, inj, solver=solver: dj.fixed_point(
                 cell, jnp.zeros_like(inj), (w, inj), solver=solver
