@@ -1,6 +1,11 @@
 """Non-finite training steps: skipped with the state bit-for-bit unchanged, counted, and
 too many in a row stop the run (the end-to-end runs are in test_training_run.py)."""
 
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -22,6 +27,8 @@ from deq_jax.training.nonfinite import (
 )
 from deq_jax.training.steps import make_train_step
 from deq_jax.training.train import interval_mean
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _identical(a, b):
@@ -148,3 +155,50 @@ def test_lm_train_step_skips_and_keeps_the_memory(tmp_path):
     _identical(after.opt_state, before.opt_state)
     _identical(jax.device_get(mems_after), mems_before)
     assert int(after.step) == int(before.step) + 1
+
+
+_SHARDED_SCRIPT = """
+import json, sys
+import jax, numpy as np
+from configs import prefix_sum
+from deq_jax.training import setup, sharding
+from deq_jax.training.evaluate import device_batch
+from deq_jax.training.steps import make_train_step
+
+config = prefix_sum.get_config("smoke")
+config.task.data_dir = sys.argv[2]
+run = setup(config, sys.argv[1])
+run.checkpointer.close()
+step = make_train_step(run.model, run.task.metrics, run.schedule, run.mesh)
+batch = next(run.task.train_iterator(config.train.batch_size))
+inputs = np.array(batch["inputs"], dtype=np.float32)
+inputs[-1].flat[0] = np.inf  # one example, on the last device's shard
+before = jax.device_get(run.state.params)
+after, metrics = step(run.state, device_batch(dict(batch, inputs=inputs), run.mesh))
+same = [
+    all(np.asarray(s.data).tobytes() == np.asarray(b).tobytes() for s in a.addressable_shards)
+    for a, b in zip(jax.tree_util.tree_leaves(after.params), jax.tree_util.tree_leaves(before))
+]
+skipped = float(metrics["skipped_steps"])
+result = {"devices": jax.device_count(), "skipped": skipped, "same": all(same)}
+print("RESULT " + json.dumps(result))
+"""
+
+
+@pytest.mark.slow  # a subprocess with 4 simulated devices compiles the step (about 40 s)
+def test_sharded_step_skips_on_every_device(tmp_path):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    args = [str(tmp_path / "run"), str(tmp_path / "data")]
+    out = subprocess.run(
+        [sys.executable, "-c", _SHARDED_SCRIPT, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    assert result == {"devices": 4, "skipped": 1.0, "same": True}
