@@ -5,7 +5,7 @@ Forward: a sample whose input is non-finite is flagged ``diverged`` (and not
 and its residual looks small. Backward: `solve_watched` runs any backward mode and,
 when the gradients it returns are NaN or infinite, emits one `NonFiniteGradientWarning`
 worded the same for every mode, from inside the compiled program
-(`jax.debug.callback` behind a `jax.lax.cond`, so a finite step pays only the check).
+(`jax.pure_callback` behind a `jax.lax.cond`, so a finite step pays only the check).
 """
 
 from __future__ import annotations
@@ -80,19 +80,28 @@ def nonfinite_message(mode: str, n_bad: int, batch: int, n_forward: int, n_cotan
     )
 
 
-def _warn(mode: str, grads_finite, forward_bad, cotangent_bad) -> None:
+def _warn(mode: str, grads_finite, forward_bad, cotangent_bad) -> np.ndarray:
+    """Host side: warns unless every gradient was finite; returns zeros (see below)."""
+    zeros = np.zeros(np.shape(grads_finite), np.float32)
     if bool(np.all(grads_finite)):  # under vmap the guarding cond runs both branches
-        return
+        return zeros
     forward_bad, cotangent_bad = np.asarray(forward_bad), np.asarray(cotangent_bad)
     n_bad = int(np.sum(forward_bad | cotangent_bad)) or forward_bad.size
     message = nonfinite_message(
         mode, n_bad, forward_bad.size, int(forward_bad.sum()), int(cotangent_bad.sum())
     )
     warnings.warn(message, NonFiniteGradientWarning, stacklevel=2)
+    return zeros
 
 
-def report_nonfinite(mode: str, grads: Any, forward_bad: jax.Array, g: jax.Array) -> None:
-    """Warns (from compiled code) if ``grads`` hold a NaN or infinity.
+def report_nonfinite(mode: str, grads: Any, forward_bad: jax.Array, g: jax.Array) -> Any:
+    """``grads``, after a `NonFiniteGradientWarning` (from compiled code) if they hold a
+    NaN or an infinity.
+
+    The warning is a `jax.pure_callback` behind a `jax.lax.cond`, whose zero result is
+    added to every gradient so that it is not pruned. Unlike `jax.debug.callback` it
+    adds no effect to the program, so jit keeps its fast dispatch path: a finite step
+    pays only the finiteness check (measured in BUILD_NOTES.md).
 
     Args:
       mode: the backward mode's name, for the message.
@@ -102,11 +111,21 @@ def report_nonfinite(mode: str, grads: Any, forward_bad: jax.Array, g: jax.Array
     """
     ok = all_finite(grads)
     cotangent_bad = ~jnp.all(jnp.isfinite(g), axis=1)
-    jax.lax.cond(
+    warn = functools.partial(_warn, mode)
+    zero = jax.lax.cond(
         ok,
-        lambda: None,
-        lambda: jax.debug.callback(functools.partial(_warn, mode), ok, forward_bad, cotangent_bad),
+        lambda: jnp.zeros((), jnp.float32),
+        lambda: jax.pure_callback(
+            warn,
+            jax.ShapeDtypeStruct((), jnp.float32),
+            ok,
+            forward_bad,
+            cotangent_bad,
+            vmap_method="broadcast_all",
+        ),
     )
+    add = lambda x: x + zero.astype(x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else x
+    return jax.tree_util.tree_map(add, grads)
 
 
 def _solve_and_flag(mode, fn, solver, z0, params, probe) -> tuple[jax.Array, SolverStats]:
@@ -137,7 +156,7 @@ def _watched_bwd(mode, fn, solver, residuals, cotangents):
     vjp, stats = residuals
     g = cotangents[0]
     grads, probe_ct = vjp(g)
-    report_nonfinite(mode.name, grads, stats.diverged, g)
+    grads = report_nonfinite(mode.name, grads, stats.diverged, g)
     return jnp.zeros_like(g), grads, probe_ct
 
 
