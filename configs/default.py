@@ -41,7 +41,11 @@ Sections:
     ``pretrain_steps`` (a warm-up: the first steps train the same parameters as the
     explicit weight-tied network, for models with ``mode="weight_tied"``, e.g. MDEQ),
     ``stop_at_step`` (end this invocation early, e.g. to fit a job slot; the next run
-    resumes) and ``distributed`` (call `jax.distributed.initialize()` first, for
+    resumes), ``max_nonfinite_steps`` (a step whose loss or gradients are NaN or
+    infinite is skipped, its parameters and optimiser state left unchanged, logged and
+    counted in the ``skipped_steps`` metric; this many in a row stop the run with
+    `deq_jax.training.NonFiniteLossError`, the last good checkpoint kept; 1 stops at
+    the first) and ``distributed`` (call `jax.distributed.initialize()` first, for
     multi-host runs; ``coordinator_address``, ``num_processes`` and ``process_id``
     are auto-detected on TPU pods and SLURM when left empty, 0 and -1;
     ``heartbeat_timeout_s`` bounds how long the other processes wait after one dies).
@@ -259,6 +263,7 @@ def get_config() -> ConfigDict:
             grad_clip_norm=1.0,
             pretrain_steps=0,
             stop_at_step=0,
+            max_nonfinite_steps=5,
             distributed=False,
             coordinator_address="",
             num_processes=0,

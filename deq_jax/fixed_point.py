@@ -12,6 +12,7 @@ import numpy as np
 from deq_jax import _flat
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
+from deq_jax.backward.nonfinite import flag_nonfinite_inputs, nonfinite_rows, solve_watched
 from deq_jax.solvers.base import Solution, Solver
 from deq_jax.solvers.loop import iterate
 
@@ -96,8 +97,8 @@ def fixed_point(
 
     fn_closed, consts = jax.closure_convert(fn, z0_flat, args)
     params = (args, tuple(consts))
-    z_flat, stats = backward.solve(
-        lambda z, p: fn_closed(z, p[0], *p[1]), z0_flat, params, solver, stats_probe
+    z_flat, stats = solve_watched(
+        backward, lambda z, p: fn_closed(z, p[0], *p[1]), solver, z0_flat, params, stats_probe
     )
     stats = jax.tree_util.tree_map(lambda x: _flat.unbatch_stats(x, layout), stats)
     return Solution(value=_flat.unflatten(z_flat, layout), stats=stats)
@@ -162,5 +163,6 @@ def solve_until_settled(
             lambda x: jnp.reshape(x, (1, -1)), readout(_flat.unflatten(z, layout))
         )
     z_flat, stats = iterate(solver, fn, z0_flat, readout=read, patience=patience)
+    stats = flag_nonfinite_inputs(stats, nonfinite_rows(args, layout.batch_size))
     stats = jax.tree_util.tree_map(lambda x: _flat.unbatch_stats(x, layout), stats)
     return Solution(value=_flat.unflatten(z_flat, layout), stats=stats)

@@ -121,10 +121,10 @@ def test_mismatched_checkpoint_is_refused_and_left_untouched(finished):
 
 
 class _NaNInputsAt:
-    """A task whose training batch number ``step`` (1-based) has NaN inputs."""
+    """A task whose training batches number ``steps`` (1-based) have NaN inputs."""
 
-    def __init__(self, task, step):
-        self._task, self._step = task, step
+    def __init__(self, task, *steps):
+        self._task, self._steps = task, steps
 
     def __getattr__(self, name):
         return getattr(self._task, name)
@@ -132,23 +132,48 @@ class _NaNInputsAt:
     def train_iterator(self, batch_size, *, start_step=0, **kwargs):
         it = self._task.train_iterator(batch_size, start_step=start_step, **kwargs)
         for step, batch in enumerate(it, start=start_step + 1):
-            if step == self._step:
+            if step in self._steps:
                 batch = dict(batch, inputs=np.full_like(batch["inputs"], np.nan))
             yield batch
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir, monkeypatch):
+def test_non_finite_steps_in_a_row_stop_and_keep_the_last_good_checkpoint(
+    tmp_path, data_dir, monkeypatch
+):
     real = build.build_task
-    monkeypatch.setattr(build, "build_task", lambda *a: _NaNInputsAt(real(*a), 5))
+    monkeypatch.setattr(build, "build_task", lambda *a: _NaNInputsAt(real(*a), 3, 4))
     config = smoke_config(data_dir)
-    with pytest.raises(NonFiniteLossError, match="at step 5.*last good checkpoint is step 4"):
-        train_and_evaluate(config, str(tmp_path), emit=quiet)
-    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
+    config.train.max_nonfinite_steps = 2
+    lines = []
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"at step 4, 2 step\(s\) in a row \(steps 3 to 4.*last good checkpoint is step 2",
+    ):
+        train_and_evaluate(config, str(tmp_path), emit=lines.append)
+    assert any(line.startswith("Non-finite training loss") and "step 3" in line for line in lines)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2]
     monkeypatch.setattr(build, "build_task", real)
     run = setup(config, str(tmp_path))
     run.checkpointer.close()
-    assert run.start_step == 4
+    assert run.start_step == 2
     chex.assert_tree_all_finite(run.state.params)
+
+
+def test_a_non_finite_step_is_skipped_counted_and_logged(tmp_path, data_dir, monkeypatch):
+    real = build.build_task
+    monkeypatch.setattr(build, "build_task", lambda *a: _NaNInputsAt(real(*a), 3))
+    config = smoke_config(data_dir)
+    config.train.stop_at_step = 4
+    lines = []
+    result = train_and_evaluate(config, str(tmp_path), emit=lines.append)
+    assert result.step == 4 and int(result.state.step) == 4
+    chex.assert_tree_all_finite(result.state.params)
+    skips = [line for line in lines if line.startswith("Non-finite training loss")]
+    assert len(skips) == 1 and "at step 3: update skipped" in skips[0]
+    train = {r["step"]: r for r in writers.read_metrics(str(tmp_path)) if r["split"] == "train"}
+    assert train[2]["skipped_steps"] == 0 and train[4]["skipped_steps"] == 1
+    assert np.isfinite(train[4]["loss"]) and np.isfinite(train[4]["grad_norm"])
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
 
 
 def test_evaluate_checkpoint_on_any_split_and_budget(finished):

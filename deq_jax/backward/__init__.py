@@ -10,6 +10,7 @@ from deq_jax._registry import Registry
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import BackwardSolveWarning, ift
 from deq_jax.backward.krylov import gmres
+from deq_jax.backward.nonfinite import NonFiniteGradientWarning
 from deq_jax.backward.phantom import jacobian_free, phantom, phantom_steps
 from deq_jax.backward.probe import BACKWARD_STATS, read_stats_probe, stats_probe
 from deq_jax.backward.unrolled import unrolled
@@ -25,6 +26,7 @@ __all__ = [
     "BACKWARD_STATS",
     "Backward",
     "BackwardSolveWarning",
+    "NonFiniteGradientWarning",
     "get",
     "gmres",
     "ift",

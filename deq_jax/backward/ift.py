@@ -22,6 +22,7 @@ import numpy as np
 
 from deq_jax.backward.base import Backward, FlatFn
 from deq_jax.backward.krylov import gmres
+from deq_jax.backward.nonfinite import all_finite
 from deq_jax.backward.probe import encode_stats
 from deq_jax.solvers import get as get_solver
 from deq_jax.solvers.base import Solver, SolverStats
@@ -34,9 +35,11 @@ class BackwardSolveWarning(RuntimeWarning):
     """The implicit backward linear system did not reach its tolerance."""
 
 
-def _warn_not_converged(converged, abs_residual, nstep):
+def _warn_not_converged(converged, abs_residual, nstep, grads_finite):
     bad = ~np.asarray(converged)
-    if not bad.any():  # under vmap the guarding cond runs both branches
+    # under vmap the guarding cond runs both branches; NaN gradients are reported by
+    # `deq_jax.backward.nonfinite`, not called inaccurate here
+    if not bad.any() or not np.all(grads_finite):
         return
     warnings.warn(
         f"IFT backward solve did not converge for {int(bad.sum())} of {bad.size} samples "
@@ -51,11 +54,12 @@ def _warn_not_converged(converged, abs_residual, nstep):
 def _report_failure(stats: SolverStats, grads: Any, on_failure: str) -> Any:
     ok = jnp.all(stats.converged)
     if on_failure == "warn":
+        finite = all_finite(grads)
         jax.lax.cond(
-            ok,
+            ok | ~finite,
             lambda: None,
             lambda: jax.debug.callback(
-                _warn_not_converged, stats.converged, stats.abs_residual, stats.nstep
+                _warn_not_converged, stats.converged, stats.abs_residual, stats.nstep, finite
             ),
         )
     elif on_failure == "nan":
@@ -81,8 +85,10 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
         forward call's budget).
       on_failure: what happens when the backward solve misses its tolerance:
         ``"warn"`` emits a `BackwardSolveWarning` from inside the compiled program (no
-        cost when it converges), ``"nan"`` turns every gradient into NaN so a training
-        loop's finiteness check stops, ``"ignore"`` does neither.
+        cost when it converges; NaN gradients are reported instead by the
+        `deq_jax.backward.NonFiniteGradientWarning` every mode emits), ``"nan"`` turns
+        every gradient into NaN so a training loop skips the step (and that warning
+        says so), ``"ignore"`` does neither.
     """
 
     solver: Any = None

@@ -42,6 +42,7 @@ from deq_jax.backward.probe import read_stats_probe, stats_probe
 from deq_jax.nn.deq import with_terms
 from deq_jax.training import sharding
 from deq_jax.training.metrics import masked_mean, solver_metrics, term_values
+from deq_jax.training.nonfinite import SKIPPED, apply_if_finite, finite_memory
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
 from deq_jax.training.steps import INTERMEDIATES, JACOBIAN_STREAM, RNG_STREAMS, net_terms
@@ -194,8 +195,8 @@ def make_lm_train_step(
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         metrics["tokens"] = jnp.sum(mask.astype(jnp.float32))
-        state = state.apply_gradients(grads=grads, model_state=aux["model_state"])
-        return state, aux["mems"], metrics
+        state, metrics[SKIPPED] = apply_if_finite(state, loss, grads, aux["model_state"])
+        return state, finite_memory(aux["mems"], mems), metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
     mem = memory_shardings(mem_template, mesh, _batch_of(mem_template))

@@ -38,9 +38,10 @@ import numpy as np
 from deq_jax.training.lm_evaluate import StreamEvaluator, lm_device_batch
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
+from deq_jax.training.nonfinite import NonFiniteSteps, logged
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
-from deq_jax.training.train import check_finite, config_json, interval_mean
+from deq_jax.training.train import config_json, interval_mean
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 REPORT_FILE = "lm_report.json"
@@ -88,8 +89,9 @@ def train_language_model(
     Raises:
       ValueError: for an invalid config.
       VocabularyMismatchError: if the workdir was trained on another vocabulary.
-      NonFiniteLossError: if the loss or gradient norm stops being finite; the message
-        names the step and the last good checkpoint.
+      NonFiniteLossError: after ``train.max_nonfinite_steps`` steps in a row with a
+        non-finite loss or gradient norm (each one skipped, logged and counted as
+        ``skipped_steps``); the message names the steps and the last good checkpoint.
     """
     tc, ec = config.train, config.eval
     regularizer = JacobianRegularizer.from_config(config.get("regularizer", {}))
@@ -158,6 +160,12 @@ def train_language_model(
         progress.restart_clock(step)
         return results
 
+    nonfinite = NonFiniteSteps(
+        tc.get("max_nonfinite_steps", 1),  # 1: a config written before the key stops as it did
+        ckpt,
+        emit,
+        "Lower train.learning_rate, raise train.pretrain_steps or add the Jacobian regulariser.",
+    )
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, dict] = {}
     train_seconds, train_tokens = 0.0, 0.0
@@ -180,14 +188,8 @@ def train_language_model(
             if step > start + 1:  # the first step compiles
                 train_seconds += time.perf_counter() - began
                 train_tokens += float(metrics["tokens"])
-            check_finite(
-                metrics,
-                step,
-                ckpt,
-                "Lower train.learning_rate, raise train.pretrain_steps or add the Jacobian "
-                "regulariser.",
-            )
-            history.append(metrics)
+            skipped = nonfinite.skipped(metrics, step)
+            history.append(logged(metrics, skipped))
             if step == start + 1:
                 progress.restart_clock(step)
             if step % config.log.every_steps == 0 or step == stop:
@@ -197,7 +199,8 @@ def train_language_model(
                 history = []
             if ec.every_steps and step % ec.every_steps == 0 and step < tc.steps:
                 eval_metrics = run_eval(step, full=False)
-            ckpt.maybe_save(step, {"state": state, "mems": mems})
+            if not skipped:  # the latest checkpoint stays the last good one
+                ckpt.maybe_save(step, {"state": state, "mems": mems})
         last_step = max(stop, start)
         ckpt.maybe_save(last_step, {"state": state, "mems": mems}, force=True)
         ckpt.wait()

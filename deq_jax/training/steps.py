@@ -47,6 +47,7 @@ from deq_jax.training.metrics import (
     sown,
     term_values,
 )
+from deq_jax.training.nonfinite import SKIPPED, apply_if_finite
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.state import TrainState
@@ -239,7 +240,7 @@ def make_train_step(
         metrics["grad_norm"] = optax.tree.norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        state = state.apply_gradients(grads=grads, model_state=aux["model_state"])
+        state, metrics[SKIPPED] = apply_if_finite(state, loss, grads, aux["model_state"])
         return state, metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)

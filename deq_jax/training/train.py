@@ -36,9 +36,14 @@ import numpy as np
 
 from deq_jax.training import evaluate
 from deq_jax.training.alternating import AlternatingSolver
-from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.metrics import is_regression
+from deq_jax.training.nonfinite import (  # NonFiniteLossError: re-exported for callers
+    SKIPPED,
+    NonFiniteLossError,  # noqa: F401
+    NonFiniteSteps,
+    logged,
+)
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import setup
@@ -46,10 +51,6 @@ from deq_jax.training.solver_fit import NeuralSolverSpec
 from deq_jax.training.state import TrainState
 from deq_jax.training.steps import make_spectral_step, make_train_step
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite; the run stopped at that step."""
 
 
 class RunResult(NamedTuple):
@@ -72,12 +73,15 @@ class RunResult(NamedTuple):
 # Train metrics present on some steps only (NaN or absent elsewhere): averaged over the
 # steps that have them, and left out of an interval that has none.
 SPARSE_METRICS = ("jacobian_term", "spectral_radius")
+# Train metrics summed over an interval (the count of skipped non-finite steps).
+SUMMED_METRICS = (SKIPPED,)
 
 
 def interval_mean(
     history: list[dict[str, Any]], sparse: Collection[str] | None = SPARSE_METRICS
 ) -> dict[str, float]:
-    """Averages per-step train metrics over a logging interval (``*_max`` by max).
+    """Averages per-step train metrics over a logging interval (``*_max`` by max, the
+    `SUMMED_METRICS` by sum).
 
     The ``sparse`` metrics (``None``: every metric) count only where they are finite,
     and a sparse metric with no finite value in the interval is left out.
@@ -90,20 +94,11 @@ def interval_mean(
             values = [v for v in values if math.isfinite(v)]
             if not values:
                 continue
-        out[key] = max(values) if key.endswith("_max") else float(np.mean(values))
+        if key in SUMMED_METRICS:
+            out[key] = float(np.sum(values))
+        else:
+            out[key] = max(values) if key.endswith("_max") else float(np.mean(values))
     return out
-
-
-def check_finite(metrics: dict[str, Any], step: int, ckpt: Checkpointer, advice: str) -> None:
-    """Raises `NonFiniteLossError` if a step's loss or gradient norm is not finite; the
-    message names the step, the last good checkpoint and ``advice``."""
-    loss, grad_norm = float(metrics["loss"]), float(metrics["grad_norm"])
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        raise NonFiniteLossError(
-            f"Non-finite training loss ({loss}) or gradient norm ({grad_norm}) at "
-            f"step {step}; stopping. The last good checkpoint is step "
-            f"{ckpt.latest_step()} in {ckpt.directory}. {advice}"
-        )
 
 
 # The config a run was trained under, written into its workdir at every start.
@@ -223,8 +218,10 @@ def train_and_evaluate(
       ValueError: for an invalid config (unknown names list the valid ones; a batch
         size that does not split over the devices names the device count).
       CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
-      NonFiniteLossError: if the loss or the gradient norm stops being finite; the
-        message names the step, and the checkpoints written before it are kept.
+      NonFiniteLossError: after ``train.max_nonfinite_steps`` steps in a row with a
+        non-finite loss or gradient norm (each one skipped, logged and counted as
+        ``skipped_steps``); the message names the steps and the last good checkpoint,
+        which is kept.
     """
     tc = config.train
     regularizer = JacobianRegularizer.from_config(config.get("regularizer", {}))
@@ -310,6 +307,13 @@ def train_and_evaluate(
         progress.restart_clock(step)
         return results
 
+    nonfinite = NonFiniteSteps(
+        tc.get("max_nonfinite_steps", 1),  # 1: a config written before the key stops as it did
+        ckpt,
+        emit,
+        "Lower train.learning_rate, tighten train.grad_clip_norm or make the cell more "
+        "contractive.",
+    )
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, dict] = {}
     began = time.perf_counter()
@@ -328,14 +332,8 @@ def train_and_evaluate(
             if warming and step == tc.pretrain_steps:
                 emit(f"step {step}: weight-tied warm-up done; solving for the fixed point now")
             metrics = {**jax.device_get(metrics), **spectral}
-            check_finite(
-                metrics,
-                step,
-                ckpt,
-                "Lower train.learning_rate, tighten train.grad_clip_norm or make the cell "
-                "more contractive.",
-            )
-            history.append(metrics)
+            skipped = nonfinite.skipped(metrics, step)
+            history.append(logged(metrics, skipped))
             if step == start + 1:
                 progress.restart_clock(step)
             if step % config.log.every_steps == 0 or step == stop:
@@ -345,7 +343,8 @@ def train_and_evaluate(
                 history = []
             if config.eval.every_steps and step % config.eval.every_steps == 0 and step < total:
                 eval_metrics = run_eval(step, full=False)
-            ckpt.maybe_save(step, state)
+            if not skipped:  # the latest checkpoint stays the last good one
+                ckpt.maybe_save(step, state)
         last_step = max(stop, start)
         ckpt.maybe_save(last_step, state, force=True)
         ckpt.wait()
