@@ -49,6 +49,7 @@ import optax
 from absl import app, flags
 
 import deq_jax as dj
+from launch.solver_problems import cell, make_problem
 
 _WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Batch size B.")
@@ -61,48 +62,6 @@ _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed runs per measurement (media
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the problem.")
 _MEMORY_BUDGETS = flags.DEFINE_list("memory_budgets", ["30", "120"], "max_iter for memory.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON lines path (a PNG is written beside).")
-
-
-def cell(z, args):
-    """The benchmark cell, batched: ``tanh(z W^T + inj)`` with ``inj = x U^T + b``."""
-    w, inj = args
-    return jnp.tanh(z @ w.T + inj)
-
-
-def _spectral_norm_of(kind: str) -> float | None:
-    """The value of a ``norm<value>`` problem name (``norm2.5`` -> 2.5), else ``None``."""
-    if not kind.startswith("norm"):
-        return None
-    try:
-        return float(kind[len("norm") :])
-    except ValueError:
-        raise ValueError(
-            f"Bad problem name {kind!r}: a norm problem is 'norm' and a number, e.g. norm2.5."
-        ) from None
-
-
-def make_problem(kind: str, width: int, batch: int, seed: int):
-    """(W, inj) of the easy, hard or ``norm<value>`` problem.
-
-    ``norm<value>`` is the easy problem with W scaled to spectral norm ``value`` (the same
-    Gaussian draw, U, x and b): above 1 the cell need not contract.
-    """
-    kw, ku, kx, kb = jax.random.split(jax.random.PRNGKey(seed), 4)
-    g = jax.random.normal(kw, (width, width))
-    norm = _spectral_norm_of(kind)
-    if kind == "easy" or norm is not None:
-        w = (0.9 if norm is None else norm) * g / jnp.linalg.norm(g, 2)
-    elif kind == "hard":  # symmetric, eigenvalues up to 0.99, weak injection: tanh' ~ 1
-        sym = g + g.T
-        w = 0.99 * sym / jnp.linalg.norm(sym, 2)
-    else:
-        raise ValueError(
-            f"Unknown problem {kind!r}. Valid problems: easy, hard, norm<value> (e.g. norm2.5)."
-        )
-    u = jax.random.normal(ku, (width, width)) / jnp.sqrt(width)
-    x = jax.random.normal(kx, (batch, width))
-    b = 0.1 * jax.random.normal(kb, (width,))
-    return w, (0.2 if kind == "hard" else 0.5) * (x @ u.T + b)
 
 
 def timed(fn, *args, repeats: int) -> tuple[float, object]:

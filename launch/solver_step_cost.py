@@ -25,10 +25,12 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import deq_jax as dj
-from launch.benchmark_solvers import cell, make_problem
+from launch.solver_problems import cell, make_problem
 
-# --width, --batch, --repeats (timed rounds) and --seed are launch.benchmark_solvers' flags.
-FLAGS = flags.FLAGS
+_WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
+_BATCH = flags.DEFINE_integer("batch", 64, "Batch size B.")
+_REPEATS = flags.DEFINE_integer("repeats", 31, "Timed rounds (median).")
+_SEED = flags.DEFINE_integer("seed", 0, "Random seed of the problem.")
 _STEPS = flags.DEFINE_integer("steps", 100, "f-evaluations per run (the whole budget).")
 _PROBLEM = flags.DEFINE_string("problem", "norm0.9", "A problem of launch.benchmark_solvers.")
 
@@ -51,7 +53,7 @@ SOLVERS = {
 
 def main(argv):
     del argv
-    w, inj = make_problem(_PROBLEM.value, FLAGS.width, FLAGS.batch, FLAGS.seed)
+    w, inj = make_problem(_PROBLEM.value, _WIDTH.value, _BATCH.value, _SEED.value)
     runs = {}
     for name, (spec, hyper) in SOLVERS.items():
         solver = dj.solvers.from_spec(spec, hyper, max_iter=_STEPS.value, full_budget=True)
@@ -63,7 +65,7 @@ def main(argv):
         jax.block_until_ready(runs[name](w, inj))  # compile and warm up
     wall = {name: [] for name in runs}
     cpu = {name: [] for name in runs}
-    for _ in range(FLAGS.repeats):
+    for _ in range(_REPEATS.value):
         for name, run in runs.items():
             start, start_cpu = time.perf_counter(), time.process_time()
             jax.block_until_ready(run(w, inj))

@@ -215,8 +215,14 @@ def test_restart_equals_the_solver_restarted_by_hand():
     "make",
     [
         lambda: S.sequence((S.fixed_point_iteration(), 3), S.anderson(tol=1e-6, max_iter=60)),
-        lambda: S.fallback(primary=S.anderson(tol=1e-6, max_iter=60), backup=S.broyden()),
-        lambda: S.restart(S.anderson(tol=1e-6, max_iter=60), 5),
+        # slow: the same gradient path as sequence's; their values are tested above
+        pytest.param(
+            lambda: S.fallback(primary=S.anderson(tol=1e-6, max_iter=60), backup=S.broyden()),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda: S.restart(S.anderson(tol=1e-6, max_iter=60), 5), marks=pytest.mark.slow
+        ),
     ],
 )
 def test_gradients_through_fixed_point_with_a_composed_solver(make, x64):

@@ -42,7 +42,8 @@ def _config(**fields):
     [
         (
             {"deq__solver__name": "andersn"},
-            "Unknown solver 'andersn'. Valid solvers: anderson, broyden, fixed_point_iteration.",
+            "Unknown solver 'andersn'. Valid solvers: anderson, broyden, fallback, "
+            "fixed_point_iteration, restart, sequence.",
         ),
         ({"deq__backward__name": "ifft"}, "ifft"),
         ({"train__batch_size": 0}, "config.train.batch_size=0 must be at least 1"),
@@ -94,8 +95,17 @@ def test_evaluate_without_a_checkpoint_creates_and_generates_nothing(tmp_path):
     "args,message",
     [
         (("--config.deq.solver.name=andersn",), "FATAL config error: Unknown solver 'andersn'"),
-        (("--config.solver.name=andersn",), "has moved to --config.deq.solver.name"),
-        (("--config.train.batch_size=0",), "FATAL config error: config.train.batch_size=0"),
+        # slow: each starts a process; the same checks run in-process above
+        pytest.param(
+            ("--config.solver.name=andersn",),
+            "has moved to --config.deq.solver.name",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            ("--config.train.batch_size=0",),
+            "FATAL config error: config.train.batch_size=0",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_command_line_config_errors_are_one_line_and_fast(tmp_path, args, message):

@@ -1,0 +1,56 @@
+"""The benchmark problems of the solver launches, without command-line flags.
+
+The DEQ cell z = tanh(W z + U x + b) on a batch of independent problems: ``easy`` (W
+Gaussian with spectral norm 0.9), ``hard`` (W symmetric with spectral norm 0.99 and a
+weak injection: plain iteration is slow) and ``norm<value>`` (the easy draw of W scaled
+to that spectral norm). `launch.benchmark_solvers`, `launch.benchmark_composed` and
+`launch.solver_step_cost` share them; flags live in those launches, so importing this
+module (as the tests do) defines none.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def cell(z, args):
+    """The benchmark cell, batched: ``tanh(z W^T + inj)`` with ``inj = x U^T + b``."""
+    w, inj = args
+    return jnp.tanh(z @ w.T + inj)
+
+
+def _spectral_norm_of(kind: str) -> float | None:
+    """The value of a ``norm<value>`` problem name (``norm2.5`` -> 2.5), else ``None``."""
+    if not kind.startswith("norm"):
+        return None
+    try:
+        return float(kind[len("norm") :])
+    except ValueError:
+        raise ValueError(
+            f"Bad problem name {kind!r}: a norm problem is 'norm' and a number, e.g. norm2.5."
+        ) from None
+
+
+def make_problem(kind: str, width: int, batch: int, seed: int):
+    """(W, inj) of the easy, hard or ``norm<value>`` problem.
+
+    ``norm<value>`` is the easy problem with W scaled to spectral norm ``value`` (the same
+    Gaussian draw, U, x and b): above 1 the cell need not contract.
+    """
+    kw, ku, kx, kb = jax.random.split(jax.random.PRNGKey(seed), 4)
+    g = jax.random.normal(kw, (width, width))
+    norm = _spectral_norm_of(kind)
+    if kind == "easy" or norm is not None:
+        w = (0.9 if norm is None else norm) * g / jnp.linalg.norm(g, 2)
+    elif kind == "hard":  # symmetric, eigenvalues up to 0.99, weak injection: tanh' ~ 1
+        sym = g + g.T
+        w = 0.99 * sym / jnp.linalg.norm(sym, 2)
+    else:
+        raise ValueError(
+            f"Unknown problem {kind!r}. Valid problems: easy, hard, norm<value> (e.g. norm2.5)."
+        )
+    u = jax.random.normal(ku, (width, width)) / jnp.sqrt(width)
+    x = jax.random.normal(kx, (batch, width))
+    b = 0.1 * jax.random.normal(kb, (width,))
+    return w, (0.2 if kind == "hard" else 0.5) * (x @ u.T + b)
