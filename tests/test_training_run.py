@@ -230,6 +230,7 @@ def test_rerunning_a_finished_run_says_so_and_writes_nothing(finished):
     chex.assert_trees_all_close(again.eval_metrics, result.eval_metrics, rtol=1e-6)
 
 
+@pytest.mark.slow  # resuming is in CI (test_resume_gives_the_uninterrupted_parameters)
 def test_a_larger_train_steps_continues_without_duplicates_and_keeps_the_time(finished, tmp_path):
     config, workdir, _, _ = finished
     run_dir = tmp_path / "run"
