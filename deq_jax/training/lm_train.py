@@ -41,7 +41,7 @@ from deq_jax.training.lm_steps import make_lm_train_step, place_memory
 from deq_jax.training.nonfinite import NonFiniteSteps, logged
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
-from deq_jax.training.train import config_json, interval_mean
+from deq_jax.training.train import config_json, finished_report, interval_mean
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 REPORT_FILE = "lm_report.json"
@@ -55,15 +55,6 @@ class LMRunResult(NamedTuple):
     mems: Any
     step: int
     eval_metrics: dict[str, dict]
-
-
-def _previous_report(workdir: str) -> dict | None:
-    """The workdir's ``lm_report.json`` (a finished run's), or ``None``."""
-    path = os.path.join(workdir, REPORT_FILE)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def _format(metrics: dict[str, Any]) -> str:
@@ -99,14 +90,8 @@ def train_language_model(
     mesh, task, model, state, mems = run.mesh, run.task, run.model, run.state, run.mems
     ckpt, start = run.checkpointer, run.start_step
     lead = jax.process_index() == 0
-    previous = _previous_report(workdir)
-    if start >= tc.steps and previous is not None and previous.get("step") == start:
-        ckpt.close()
-        emit(
-            f"The run in {workdir} is finished (step {start}, train.steps={tc.steps}); its "
-            f"report is {os.path.join(workdir, REPORT_FILE)}. Nothing was run or written. "
-            "Raise --config.train.steps to train further, or use a fresh --workdir."
-        )
+    previous = finished_report(workdir, REPORT_FILE, start, tc.steps, ckpt, emit)
+    if previous is not None:
         return LMRunResult(state=state, mems=mems, step=start, eval_metrics=previous["eval"])
     if lead:
         with open(os.path.join(workdir, "config.json"), "w") as f:

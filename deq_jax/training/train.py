@@ -124,13 +124,29 @@ def _budgets(config: Any) -> dict[str, int]:
     return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
 
 
-def _previous_report(workdir: str) -> dict | None:
-    """The workdir's ``length_generalization.json`` (a finished run's), or ``None``."""
-    path = os.path.join(workdir, evaluate.REPORT_FILE)
-    if not os.path.exists(path):
+def finished_report(
+    workdir: str, report_file: str, start: int, steps: int, ckpt: Any, emit: Callable[[str], None]
+) -> dict | None:
+    """A finished run's report, or ``None`` if the run has steps left.
+
+    The run is finished when it restored step ``start >= steps`` and its ``report_file``
+    was written at that step; then ``ckpt`` is closed and one line says so. Both
+    training loops (this one and the language model's) ask this before writing anything.
+    """
+    path = os.path.join(workdir, report_file)
+    if start < steps or not os.path.exists(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        previous = json.load(f)
+    if previous.get("step") != start:
+        return None
+    ckpt.close()
+    emit(
+        f"The run in {workdir} is finished (step {start}, train.steps={steps}); its report "
+        f"is {path}. Nothing was run or written. Raise --config.train.steps to train "
+        "further, or use a fresh --workdir."
+    )
+    return previous
 
 
 def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
@@ -230,14 +246,8 @@ def train_and_evaluate(
     mesh, task, model, state, start = run.mesh, run.task, run.model, run.state, run.start_step
     ckpt = run.checkpointer
     lead = jax.process_index() == 0
-    previous = _previous_report(workdir)
-    if start >= tc.steps and previous is not None and previous.get("step") == start:
-        ckpt.close()
-        emit(
-            f"The run in {workdir} is finished (step {start}, train.steps={tc.steps}); its "
-            f"report is {os.path.join(workdir, evaluate.REPORT_FILE)}. Nothing was run or "
-            "written. Raise --config.train.steps to train further, or use a fresh --workdir."
-        )
+    previous = finished_report(workdir, evaluate.REPORT_FILE, start, tc.steps, ckpt, emit)
+    if previous is not None:
         splits = tuple(config.eval.splits) or tuple(task.eval_splits)
         return _finished_result(workdir, splits, state, start, previous["report"])
     if lead:
