@@ -211,6 +211,62 @@ def test_restart_equals_the_solver_restarted_by_hand():
     assert int(got.stats.switched_at[0]) == restarts[-1]
 
 
+def test_sequence_phases_run_each_part_in_its_own_stretch():
+    # parts with 0 steps are skipped; a later part's first step (taking over) is apart
+    fpi, anderson, broyden = S.fixed_point_iteration(), S.anderson(), S.broyden()
+    phases = S.sequence((fpi, 3), (anderson, 0), broyden).phases()
+    stays = [p.stay for p in phases]
+    assert len(phases) == 3 and stays[-1] is None
+    assert [bool(stay(None, 3)) for stay in stays[:2]] == [True, True]
+    assert [bool(stay(None, 4)) for stay in stays[:2]] == [False, True]
+    assert not bool(stays[1](None, 5))
+    assert S.anderson().phases() is None
+
+
+def _switching_cell(z, args):
+    # sample 1 is f(z) = z + 1 (it stalls: fallback switches, restart restarts), sample
+    # 2 the singular affine map of BAD (Anderson without a ridge proposes NaN)
+    w, x = args
+    stuck = jnp.arange(B)[:, None] == 1
+    singular = jnp.arange(B)[:, None] == 2
+    cell = jnp.where(stuck, z + 1.0, jnp.tanh(z @ w + x))
+    return jnp.where(singular, 0.5 * z + 0.125 * jnp.sign(x), cell)
+
+
+@pytest.mark.parametrize(
+    "composed",
+    [
+        S.sequence((S.fixed_point_iteration(), 3), (S.broyden(), 0), (S.anderson(m=3), 4),
+                   S.anderson(tol=1e-30, max_iter=25)),
+        S.fallback(primary=S.anderson(m=5, lam=0.0, tol=1e-30, max_iter=25),
+                   backup=S.broyden(), patience=4),
+        S.restart(S.anderson(m=5, lam=1e-4, tol=1e-30, max_iter=25, stop_mode="abs"), 3),
+    ],
+    ids=lambda s: s.name,
+)
+def test_phased_loops_give_the_iterates_of_the_single_step(composed):
+    # "while" and "python" run `phases()`, each stretch in a loop of its own; "scan"
+    # runs `propose`, which chooses the branch on every step. Same iterates, bit for bit.
+    args = tanh_problem(jax.random.PRNGKey(6), batch=B, d=D, norm=0.9)
+    fn = lambda z: _switching_cell(z, args)
+    z0 = jnp.zeros((B, D))
+    runs = {
+        loop: jax.jit(lambda z0, loop=loop: S.iterate(composed, fn, z0, loop=loop))(z0)
+        for loop in ("while", "scan")
+    }
+    (z_while, st_while), (z_scan, st_scan) = runs["while"], runs["scan"]
+    np.testing.assert_array_equal(z_while, z_scan)
+    for a, b in zip(st_while, st_scan, strict=True):
+        np.testing.assert_array_equal(a, b)
+    if composed.name != "sequence":  # the switch happened, mid-solve
+        assert 0 < int(st_while.switched_at[1]) < 25
+    z_python, st_python = S.iterate(composed, fn, z0, loop="python")
+    calm = np.array([0, 3])  # (eager rounding drifts on the stuck and singular samples)
+    np.testing.assert_allclose(z_python[calm], z_while[calm], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(st_python.switched_at[1:3], st_while.switched_at[1:3])
+    assert len(composed.phases()) >= 2
+
+
 @pytest.mark.parametrize(
     "make",
     [

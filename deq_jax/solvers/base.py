@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -80,6 +81,24 @@ class Solution(NamedTuple):
     stats: SolverStats
 
 
+class Phase(NamedTuple):
+    """One stretch of a solve run with a step of its own (see `Solver.phases`).
+
+    Attributes:
+      propose: ``(aux, z, fz, k) -> (z_next, aux)``, the step of this stretch.
+      stay: ``(aux, k) -> [] bool``, whether the next step is still this stretch's
+        (checked before each step, after the loop's own stopping test); ``None``: to
+        the end of the solve.
+      enter: ``(aux, z, fz, k) -> aux``, run once when the stretch starts, turns the
+        state the previous stretch left (or ``init``'s) into this stretch's; ``None``
+        keeps it.
+    """
+
+    propose: Callable[[Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+    stay: Callable[[Any, jax.Array], jax.Array] | None = None
+    enter: Callable[[Any, jax.Array, jax.Array, jax.Array], Any] | None = None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Solver(abc.ABC):
     """Hyper-parameters common to every solver.
@@ -137,6 +156,19 @@ class Solver(abc.ABC):
         and ``to`` sees the evaluation count of the whole solve.
         """
         del aux, to, k
+        return None
+
+    def phases(self) -> tuple[Phase, ...] | None:
+        """The solve as stretches with steps of their own, for the `jax.lax.while_loop`.
+
+        A composed solver whose step picks a branch each time (`jax.lax.switch` or
+        `jax.lax.cond` over its parts' states) pays for the choice on every step;
+        split into phases (`Phase`), each stretch runs in a loop of its own with only the
+        branch it needs. `deq_jax.solvers.iterate` runs the phases in order with
+        ``loop="while"`` or ``"python"``, and calls ``propose`` with ``"scan"`` (and
+        when the solver is a part of another); both give the same iterates. ``None``
+        (the default): one stretch, ``propose``.
+        """
         return None
 
     def path(self, aux: Any, k: jax.Array) -> tuple[jax.Array, jax.Array] | None:

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from deq_jax.solvers.base import Solver, residuals
+from deq_jax.solvers.base import Phase, Solver, residuals
 
 _HYPER = ("tol", "max_iter", "stop_mode", "full_budget")
 
@@ -94,6 +94,11 @@ def _stages(stages: tuple[Any, ...]) -> tuple[tuple[Solver, ...], tuple[int, ...
         steps.append(count)
     parts.append(check_part(stages[-1], "the last sequence stage"))
     return tuple(parts), tuple(steps)
+
+
+def _until(last: int):
+    """A `Phase` ``stay`` rule: propose while the evaluation count is at most ``last``."""
+    return lambda aux, k: k <= last
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -200,6 +205,19 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
         first = jnp.asarray(k) == jnp.asarray((0, *self.bounds))[stage] + 1
         index = jnp.where(stage > 0, 2 * stage - first.astype(jnp.int32), 0)
         return jax.lax.switch(index, branches, aux, z, fz, k)
+
+    def phases(self):
+        """Per part a stretch of its own steps (its first step, taking over, apart)."""
+        out = []
+        for i in range(len(self.solvers)):
+            lo = self.bounds[i - 1] if i > 0 else 0
+            hi = self.bounds[i] if i < len(self.bounds) else None
+            if hi is not None and hi <= lo:
+                continue  # a part with 0 steps is skipped
+            if i > 0:
+                out.append(Phase(self._branch(i, True), stay=_until(lo + 1)))
+            out.append(Phase(self._branch(i, False), stay=None if hi is None else _until(hi)))
+        return tuple(out)
 
     def path(self, aux, k):
         batch = jax.tree_util.tree_leaves(aux)[0].shape[0] if jax.tree_util.tree_leaves(aux) else 1

@@ -13,6 +13,10 @@ chosen here and nowhere else:
   `deq_jax.backward.unrolled`.
 * ``"python"``: a plain Python loop, for debugging with prints and breakpoints.
 
+A solver made of stretches (`deq_jax.solvers.Solver.phases`, e.g. `sequence`'s parts)
+runs one while (or Python) loop per stretch, so no step pays for choosing its branch;
+``"scan"`` calls the solver's one ``propose``, which gives the same iterates.
+
 A second, optional stop rule watches what the state means rather than how far it still
 moves: with ``readout`` (``[B, D] ->`` a pytree of arrays with the batch axis first,
 e.g. a model's decoded answer) and ``patience = p``, a sample also stops once its
@@ -37,7 +41,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deq_jax.solvers.base import Solver, SolverStats, residuals
+from deq_jax.solvers.base import Phase, Solver, SolverStats, residuals
 
 LOOPS = ("while", "scan", "python")
 
@@ -162,14 +166,46 @@ def _init(
 
 
 def _step(
-    solver: Solver, fn: Callable[[jax.Array], jax.Array], settle: Settle | None, s: LoopState
+    solver: Solver,
+    fn: Callable[[jax.Array], jax.Array],
+    settle: Settle | None,
+    s: LoopState,
+    propose: Callable[..., tuple[jax.Array, Any]] | None = None,
 ) -> LoopState:
-    z, aux = solver.propose(s.aux, s.z, s.fz, s.k)
+    z, aux = (propose or solver.propose)(s.aux, s.z, s.fz, s.k)
     return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fn(z), aux=aux), settle)
 
 
 def _keep_going(solver: Solver, s: LoopState) -> jax.Array:
     return (s.k < solver.max_iter) & jnp.any(s.active)
+
+
+def _run_phases(
+    solver: Solver,
+    fn: Callable[[jax.Array], jax.Array],
+    settle: Settle | None,
+    s: LoopState,
+    python: bool,
+) -> LoopState:
+    """The steps of the solve as a `jax.lax.while_loop` (or a Python loop) per phase.
+
+    A solver without `Solver.phases` is one phase of ``propose`` steps.
+    """
+    for phase in solver.phases() or (Phase(solver.propose),):
+        if phase.enter is not None:
+            s = s._replace(aux=phase.enter(s.aux, s.z, s.fz, s.k))
+
+        def going(s, stay=phase.stay):
+            keep = _keep_going(solver, s)
+            return keep if stay is None else keep & stay(s.aux, s.k)
+
+        step = lambda s, propose=phase.propose: _step(solver, fn, settle, s, propose)
+        if python:
+            while bool(going(s)):
+                s = step(s)
+        else:
+            s = jax.lax.while_loop(going, step, s)
+    return s
 
 
 def _scan(solver: Solver, step: Callable[[LoopState], LoopState], s: LoopState) -> LoopState:
@@ -235,17 +271,13 @@ def iterate(
         if not isinstance(patience, int) or patience < 1:
             raise ValueError(f"patience must be an integer >= 1, got {patience!r}.")
         settle = Settle(readout, patience)
-    s = _init(solver, fn, z0, settle)
-    step = lambda s: _step(solver, fn, settle, s)
-    if loop == "while":
-        s = jax.lax.while_loop(lambda s: _keep_going(solver, s), step, s)
-    elif loop == "scan":
-        s = _scan(solver, step, s)
-    elif loop == "python":
-        while bool(_keep_going(solver, s)):
-            s = step(s)
-    else:
+    if loop not in LOOPS:
         raise ValueError(f"Unknown loop {loop!r}. Valid loops: {', '.join(LOOPS)}.")
+    s = _init(solver, fn, z0, settle)
+    if loop == "scan":
+        s = _scan(solver, lambda s: _step(solver, fn, settle, s), s)
+    else:  # a composed solver runs its phases, each in a loop of its own
+        s = _run_phases(solver, fn, settle, s, python=loop == "python")
     return _finish(solver, s)
 
 

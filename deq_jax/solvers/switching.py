@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from deq_jax.solvers.base import Solver
+from deq_jax.solvers.base import Phase, Solver
 from deq_jax.solvers.combinators import (
     check_part,
     inherit_hyper,
@@ -155,25 +155,71 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
             fired |= stall >= self.patience
         return fired
 
-    def propose(self, aux, z, fz, k):
+    def _primary_step(self, aux, z, fz, k):
+        """The primary's step, the watch, and which samples switch after it."""
         best_before = aux.watch.best_res
         watch, res = _watch(self, aux.watch, z, fz)
         z_primary, primary = self.primary.propose(aux.primary, z, fz, k)
         switch = ~aux.on_backup & self._triggered(res, best_before, watch.stall, z_primary)
+        return watch, z_primary, primary, switch
+
+    def _backup_rows(self, backup, watch, switch, start, z, fz, k):
+        """The backup's step on every row, the samples switching now restarted first."""
+        state = where_rows(switch, self.backup.init(watch.best_z), backup)
+        z_in = jnp.where(switch[:, None], watch.best_z, z)
+        fz_in = jnp.where(switch[:, None], watch.best_fz, fz)
+        return propose_rows(self.backup, state, z_in, fz_in, jnp.maximum(k - start + 1, 1))
+
+    def propose(self, aux, z, fz, k):
+        watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
         on_backup = aux.on_backup | switch
         start = jnp.where(switch, k, aux.start)
-
-        def run_backup():
-            state = where_rows(switch, self.backup.init(watch.best_z), aux.backup)
-            z_in = jnp.where(switch[:, None], watch.best_z, z)
-            fz_in = jnp.where(switch[:, None], watch.best_fz, fz)
-            return propose_rows(self.backup, state, z_in, fz_in, jnp.maximum(k - start + 1, 1))
-
         z_backup, backup = jax.lax.cond(
-            jnp.any(on_backup), run_backup, lambda: (z_primary, aux.backup)
+            jnp.any(on_backup),
+            lambda: self._backup_rows(aux.backup, watch, switch, start, z, fz, k),
+            lambda: (z_primary, aux.backup),
         )
         z_next = jnp.where(on_backup[:, None], z_backup, z_primary)
         return z_next, FallbackState(primary, backup, on_backup, start, watch)
+
+    def phases(self):
+        """Until a sample switches, the primary's steps alone (no backup state carried)."""
+
+        def primary_only(aux, z, fz, k):
+            watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
+            start = jnp.where(switch, k, aux.start)
+
+            def first_backup_step():  # only z: the backup's state is rebuilt on entry
+                z_backup, _ = self._backup_rows(self.backup.init(z), watch, switch, start, z, fz, k)
+                return jnp.where(switch[:, None], z_backup, z_primary)
+
+            z_next = jax.lax.cond(jnp.any(switch), first_backup_step, lambda: z_primary)
+            return z_next, FallbackState(primary, (), switch, start, watch)
+
+        def enter_backup(aux, z, fz, k):
+            # the state the switching step's backup proposal left on the switched rows
+            w = aux.watch
+            _, backup = self._backup_rows(
+                self.backup.init(w.best_z), w, aux.on_backup, aux.start, w.best_z, w.best_fz, aux.start
+            )
+            return aux._replace(backup=backup)
+
+        def with_backup(aux, z, fz, k):
+            watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
+            on_backup = aux.on_backup | switch
+            start = jnp.where(switch, k, aux.start)
+            z_backup, backup = self._backup_rows(aux.backup, watch, switch, start, z, fz, k)
+            z_next = jnp.where(on_backup[:, None], z_backup, z_primary)
+            return z_next, FallbackState(primary, backup, on_backup, start, watch)
+
+        return (
+            Phase(
+                primary_only,
+                stay=lambda aux, k: ~jnp.any(aux.on_backup),
+                enter=lambda aux, z, fz, k: aux._replace(backup=()),
+            ),
+            Phase(with_backup, enter=enter_backup),
+        )
 
     def path(self, aux, k):
         return aux.on_backup.astype(jnp.int32), aux.start
@@ -244,32 +290,72 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
             watch=_watch_init(z0),
         )
 
-    def propose(self, aux, z, fz, k):
+    def _watch_step(self, aux, z, fz, k):
+        """The watch after ``(z, fz)``, the samples restarting now, and the restarts."""
         watch, _ = _watch(self, aux.watch, z, fz)
         now = watch.stall >= self.patience
         watch = watch._replace(stall=jnp.where(now, 0, watch.stall))
-        start = jnp.where(now, k, aux.start)
+        return watch, now, jnp.where(now, k, aux.start)
 
-        def per_sample():
-            state = where_rows(now, self.solver.init(watch.best_z), aux.inner)
-            z_in = jnp.where(now[:, None], watch.best_z, z)
-            fz_in = jnp.where(now[:, None], watch.best_fz, fz)
-            local = jnp.where(start > 0, k - start + 1, k)
-            return propose_rows(self.solver, state, z_in, fz_in, local)
+    def _rows(self, inner, watch, now, start, z, fz, k):
+        """The solver's step on every row, each counting from its last restart."""
+        state = where_rows(now, self.solver.init(watch.best_z), inner)
+        z_in = jnp.where(now[:, None], watch.best_z, z)
+        fz_in = jnp.where(now[:, None], watch.best_fz, fz)
+        local = jnp.where(start > 0, k - start + 1, k)
+        return propose_rows(self.solver, state, z_in, fz_in, local)
 
+    def _merge(self, aux, watch, now, start, z, fz, k, z_next, inner):
+        """The batched step's results, with the per-row step on the restarted samples."""
+        restarted = start > 0
+        z_rows, inner_rows = self._rows(aux.inner, watch, now, start, z, fz, k)
+        return (
+            jnp.where(restarted[:, None], z_rows, z_next),
+            where_rows(restarted, inner_rows, inner),
+        )
+
+    def propose(self, aux, z, fz, k):
+        watch, now, start = self._watch_step(aux, z, fz, k)
         # the samples never restarted take the solver's own batched step, bit for bit
         z_next, inner = self.solver.propose(aux.inner, z, fz, k)
-        restarted = start > 0
-
-        def merge():
-            z_rows, inner_rows = per_sample()
-            return (
-                jnp.where(restarted[:, None], z_rows, z_next),
-                where_rows(restarted, inner_rows, inner),
-            )
-
-        z_next, inner = jax.lax.cond(jnp.any(restarted), merge, lambda: (z_next, inner))
+        z_next, inner = jax.lax.cond(
+            jnp.any(start > 0),
+            lambda: self._merge(aux, watch, now, start, z, fz, k, z_next, inner),
+            lambda: (z_next, inner),
+        )
         return z_next, RestartState(inner, start, watch)
+
+    def phases(self):
+        """Until a sample restarts, the solver's batched steps alone."""
+
+        def unrestarted(aux, z, fz, k):
+            watch, now, start = self._watch_step(aux, z, fz, k)
+            z_next, inner = self.solver.propose(aux.inner, z, fz, k)
+
+            def first_restart():  # only z: the restarted rows' state is rebuilt on entry
+                fresh = self.solver.init(z)  # (only the restarting rows' z is kept)
+                z_rows, _ = self._rows(fresh, watch, now, start, z, fz, k)
+                return jnp.where(now[:, None], z_rows, z_next)
+
+            z_next = jax.lax.cond(jnp.any(now), first_restart, lambda: z_next)
+            return z_next, RestartState(inner, start, watch)
+
+        def enter_restarted(aux, z, fz, k):
+            # the state the restarting step's per-row proposal left on the restarted rows
+            w, restarted = aux.watch, aux.start > 0
+            _, rows = self._rows(aux.inner, w, restarted, aux.start, w.best_z, w.best_fz, aux.start)
+            return aux._replace(inner=where_rows(restarted, rows, aux.inner))
+
+        def restarted_too(aux, z, fz, k):
+            watch, now, start = self._watch_step(aux, z, fz, k)
+            z_next, inner = self.solver.propose(aux.inner, z, fz, k)
+            z_next, inner = self._merge(aux, watch, now, start, z, fz, k, z_next, inner)
+            return z_next, RestartState(inner, start, watch)
+
+        return (
+            Phase(unrestarted, stay=lambda aux, k: ~jnp.any(aux.start > 0)),
+            Phase(restarted_too, enter=enter_restarted),
+        )
 
     def path(self, aux, k):
         return jnp.zeros_like(aux.start), aux.start
