@@ -3,12 +3,15 @@
 The DEQ cell z = tanh(W z + U x + b) on a batch of independent problems: ``easy`` (W
 Gaussian with spectral norm 0.9), ``hard`` (W symmetric with spectral norm 0.99 and a
 weak injection: plain iteration is slow) and ``norm<value>`` (the easy draw of W scaled
-to that spectral norm). `launch.benchmark_solvers`, `launch.benchmark_composed` and
+to that spectral norm), and `over_active`, the price of a composed solver's step.
+`launch.benchmark_solvers`, `launch.benchmark_composed` and
 `launch.solver_step_cost` share them; flags live in those launches, so importing this
 module (as the tests do) defines none.
 """
 
 from __future__ import annotations
+
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -54,3 +57,19 @@ def make_problem(kind: str, width: int, batch: int, seed: int):
     x = jax.random.normal(kx, (batch, width))
     b = 0.1 * jax.random.normal(kb, (width,))
     return w, (0.2 if kind == "hard" else 0.5) * (x @ u.T + b)
+
+
+def over_active(times: dict, name: str, parts: dict, steps: int) -> float:
+    """The composed solver's time over its active parts' (1.0: no overhead).
+
+    Per round, the parts' own runs price the steps each part makes (``None``: the rest
+    of the budget); the median over rounds of the ratio is returned, which a load that
+    drifts between rounds disturbs less than a ratio of medians.
+    """
+    fixed = sum(n for n in parts.values() if n is not None)
+    counts = {part: (steps - fixed if n is None else n) for part, n in parts.items()}
+    ratios = [
+        total / sum(counts[part] * times[part][i] / steps for part in counts)
+        for i, total in enumerate(times[name])
+    ]
+    return statistics.median(ratios)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from launch import solver_problems
 from launch.solver_problems import make_problem
 
 
@@ -31,6 +32,17 @@ def test_unknown_problem_names(name, message):
         make_problem(name, 8, 2, seed=0)
 
 
+def test_over_active_prices_each_part_by_its_own_runs():
+    # 10 steps: 3 at part a's cost, 7 at b's; per round a = 10, b = 20 per 10 steps
+    # (1 and 2 per step): active 3 * 1 + 7 * 2 = 17; rounds 17, 34, 18.7 -> 1.0, 2.0, 1.1
+    times = {"a": [10.0, 10.0, 10.0], "b": [20.0, 20.0, 20.0], "c": [17.0, 34.0, 18.7]}
+    got = solver_problems.over_active(times, "c", {"a": 3, "b": None}, steps=10)
+    np.testing.assert_allclose(got, 1.1)
+    # a drifting load: both the part and the composed run twice as slow in round 2
+    times = {"b": [20.0, 40.0, 20.0], "c": [21.0, 42.0, 22.0]}
+    np.testing.assert_allclose(solver_problems.over_active(times, "c", {"b": None}, 10), 1.05)
+
+
 def test_solver_step_cost_prints_one_ratio_per_solver():
     # A subprocess: the launch defines absl flags, which other launches imported by the
     # suite also define (the tests import only the flag-free launch.solver_problems).
@@ -51,8 +63,14 @@ def test_solver_step_cost_prints_one_ratio_per_solver():
         check=True,
     ).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(rows) == 7 and rows[0]["solver"] == "fixed_point_iteration"
+    assert len(rows) == 9 and rows[0]["solver"] == "fixed_point_iteration"
     assert "fallback(anderson, broyden)" in [r["solver"] for r in rows]
+    priced = [r["solver"] for r in rows if "cpu_over_active" in r]
+    assert priced == [
+        "sequence(fixed_point_iteration:3, anderson)",
+        "fallback(anderson, broyden), no switch",
+        "restart(anderson), no restart",
+    ]
     assert rows[0]["wall_ratio"] == rows[0]["cpu_ratio"] == 1.0
     for r in rows:
         assert r["wall_us"] > 0 and r["cpu_us"] > 0
