@@ -183,42 +183,48 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
         return z_next, FallbackState(primary, backup, on_backup, start, watch)
 
     def phases(self):
-        """Until a sample switches, the primary's steps alone (no backup state carried)."""
+        """Until a sample switches or could stall, the primary's steps alone.
+
+        The first stretch carries no backup state. A stall grows by at most one per
+        evaluation, so it ends one evaluation before a stall could reach ``patience``
+        ("stalled" needs no check in its steps); a non-finite proposal or a diverging
+        residual is caught in the step that meets it, where the backup's first proposal
+        replaces the primary's (a branch taken only then). From there on, `propose`.
+        """
+        checked = tuple(t for t in self.when if t != "stalled")
 
         def primary_only(aux, z, fz, k):
             watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
             start = jnp.where(switch, k, aux.start)
+            if checked:
 
-            def first_backup_step():  # only z: the backup's state is rebuilt on entry
-                z_backup, _ = self._backup_rows(self.backup.init(z), watch, switch, start, z, fz, k)
-                return jnp.where(switch[:, None], z_backup, z_primary)
+                def first_backup_step():  # only z: the backup's state is rebuilt on entry
+                    fresh = self.backup.init(z)
+                    z_backup, _ = self._backup_rows(fresh, watch, switch, start, z, fz, k)
+                    return jnp.where(switch[:, None], z_backup, z_primary)
 
-            z_next = jax.lax.cond(jnp.any(switch), first_backup_step, lambda: z_primary)
-            return z_next, FallbackState(primary, (), switch, start, watch)
+                z_primary = jax.lax.cond(jnp.any(switch), first_backup_step, lambda: z_primary)
+            return z_primary, FallbackState(primary, (), switch, start, watch)
+
+        def stay(aux, k):
+            calm = ~jnp.any(aux.on_backup)
+            if "stalled" in self.when:
+                calm &= ~jnp.any(aux.watch.stall >= self.patience - 1)
+            return calm
 
         def enter_backup(aux, z, fz, k):
-            # the state the switching step's backup proposal left on the switched rows
+            # the state the backup's first proposal left on the rows switched in the
+            # first stretch (the other rows' backup state is not read before they switch)
             w = aux.watch
+            fresh = self.backup.init(w.best_z)
             _, backup = self._backup_rows(
-                self.backup.init(w.best_z), w, aux.on_backup, aux.start, w.best_z, w.best_fz, aux.start
+                fresh, w, aux.on_backup, aux.start, w.best_z, w.best_fz, aux.start
             )
             return aux._replace(backup=backup)
 
-        def with_backup(aux, z, fz, k):
-            watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
-            on_backup = aux.on_backup | switch
-            start = jnp.where(switch, k, aux.start)
-            z_backup, backup = self._backup_rows(aux.backup, watch, switch, start, z, fz, k)
-            z_next = jnp.where(on_backup[:, None], z_backup, z_primary)
-            return z_next, FallbackState(primary, backup, on_backup, start, watch)
-
         return (
-            Phase(
-                primary_only,
-                stay=lambda aux, k: ~jnp.any(aux.on_backup),
-                enter=lambda aux, z, fz, k: aux._replace(backup=()),
-            ),
-            Phase(with_backup, enter=enter_backup),
+            Phase(primary_only, stay=stay, enter=lambda aux, z, fz, k: aux._replace(backup=())),
+            Phase(self.propose, enter=enter_backup),
         )
 
     def path(self, aux, k):
