@@ -149,6 +149,44 @@ def length_report(
     return report
 
 
+def report_budgets(config: Any) -> dict[str, int]:
+    """The report's solver budgets, ``{"1x": k, "2x": 2k, ...}``: ``eval.budget_multipliers``
+    times ``deq.train_max_iter``.
+
+    Raises:
+      ValueError: if ``deq.train_max_iter`` is not set.
+    """
+    base = config.deq.train_max_iter
+    if not base:
+        raise ValueError("deq.train_max_iter must be set for the per-length report.")
+    return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
+
+
+def eval_budget_name(config: Any) -> str | None:
+    """The report budget (``"1x"``, ...) equal to the eval budget, or ``None``."""
+    eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
+    return next((b for b, k in report_budgets(config).items() if k == eval_budget), None)
+
+
+def final_report(config, evaluator, state, splits, writer, emit, step: int) -> dict:
+    """The end of training's per-length report of ``state`` at every budget, written to
+    ``writer`` as ``{split}_{budget}`` metrics at ``step``, with one short line per
+    budget and split as it goes. Every batch of each split counts unless
+    ``eval.report_max_batches`` caps them (a smoke run's seconds-long report)."""
+    evaluator.max_batches = config.eval.get("report_max_batches", 0)
+    report = length_report(evaluator, state, splits, report_budgets(config), emit=emit)
+    for budget, by_split in report.items():
+        for split, values in by_split.items():
+            writer.write(step, f"{split}_{budget}", values)
+    first = next(iter(next(iter(report.values())).values()))
+    keys = headline_keys(first) + ["nstep_mean"]
+    emit(
+        "Per-length accuracy (budget = multiple of the train solver budget):\n"
+        + format_report(report, keys)
+    )
+    return report
+
+
 def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> str:
     """A plain-text table: one row per (budget, split), one column per metric key."""
     header = f"{'budget':>8} {'split':>12} " + " ".join(f"{k:>16}" for k in keys)
