@@ -7,10 +7,10 @@ saves checkpoints, keeps the state with the best validation score besides the la
 (`deq_jax.training.selection`: scored after each periodic evaluation and at the end),
 and ends with the per-length accuracy report of that best state at several multiples
 of the train budget (printed split by split as it runs, and written to
-``length_generalization.json`` with the step it scored, ``best``). A finished workdir run again with the same
-``train.steps`` says so and writes nothing; with a larger one it continues. A task
-without ``num_classes`` is trained as a regression (mean squared error), and the
-``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
+``length_generalization.json`` with the step it scored, ``best``). A finished workdir
+run again with the same ``train.steps`` says so and writes nothing; with a larger one
+it continues. A task without ``num_classes`` is trained as a regression (mean squared
+error), and the ``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
 (`deq_jax.training.regularizer`); ``neural_solver.alternating`` interleaves neural-solver
 fits with the DEQ's training (`deq_jax.training.alternating`).
 
