@@ -151,8 +151,12 @@ class BestCheckpoint:
         self.rule = rule
         self.directory = best_directory(workdir)
         options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True)
+        handlers = {
+            _STATE_ITEM: ocp.StandardCheckpointHandler(),
+            _RECORD_ITEM: ocp.JsonCheckpointHandler(),
+        }
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(_STATE_ITEM, _RECORD_ITEM)
+            self.directory, options=options, item_handlers=handlers
         )
         self.record = self._read_record()
         if self.record is not None and rule is not None and not self._same_rule(self.record):
