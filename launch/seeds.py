@@ -54,17 +54,19 @@ def seed_workdir(root: str, seed: int) -> str:
 
 
 def mean_std(values: Sequence[float | None]) -> dict[str, float | int | None]:
-    """``{"mean", "std", "n"}`` over the finite values (``None`` and NaN, a seed that
-    diverged or lacks the value, are left out and not counted in ``n``).
+    """``{"mean", "std", "n"}`` over the values given (``None`` and NaN, a seed that
+    diverged or lacks the value, are left out and not counted in ``n``; an infinite
+    value stays, so the mean says a seed blew up).
 
     ``std`` is the population standard deviation (numpy's default, ``ddof=0``; 0 for one
     value); ``mean`` and ``std`` are ``None`` when no value is left.
     """
-    kept = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    kept = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     if not kept:
         return {"mean": None, "std": None, "n": 0}
     array = np.asarray(kept, np.float64)
-    return {"mean": float(array.mean()), "std": float(array.std()), "n": len(kept)}
+    with np.errstate(invalid="ignore"):  # an infinite value: a NaN std, said as such
+        return {"mean": float(array.mean()), "std": float(array.std()), "n": len(kept)}
 
 
 def aggregate(

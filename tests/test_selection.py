@@ -50,8 +50,12 @@ def test_rule_defaults_to_the_task_and_takes_the_config_keys():
         SelectionRule.from_config(dict(select_mode="up"), _Task())
 
 
-def test_task_defaults():
+def test_task_defaults(tmp_path):
     from deq_jax import tasks
+
+    (tmp_path / "text.txt").write_text("to be or not to be\n" * 50, encoding="utf-8")
+    text = tasks.get("char_text", path=str(tmp_path / "text.txt"), data_dir=str(tmp_path))
+    assert text.selection_metric == ("bpc", "min")
 
     ps = tasks.get("prefix_sum", train_size=8, test_size=8, test_lengths=(16,))
     assert ps.selection_metric == ("string_accuracy", "max")

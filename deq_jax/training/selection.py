@@ -189,6 +189,13 @@ class BestCheckpoint:
         """The best score so far, or ``None``."""
         return None if self.record is None else float(self.record["score"])
 
+    def describe(self) -> str:
+        """``"the best checkpoint, step 4 (val score (max) 0.8125)"``, or ``"the last
+        state (none selected)"`` before the first offer."""
+        if self.record is None:
+            return "the last state (none selected)"
+        return f"the best checkpoint, step {self.step} ({self.rule.describe()} {self.score:.4f})"
+
     def offer(self, step: int, state: Any, score: float) -> bool:
         """Saves ``state`` as the best if ``score`` beats the best so far (or its step is
         already the best one's: a resumed run replaying it); returns whether it saved.

@@ -347,12 +347,11 @@ def train_and_evaluate(
         report: dict[str, dict[str, dict]] = {}
         if last_step >= total:
             select(last_step, {})
-            scored = state if best.step == last_step else best.restore(state)
+            scored = state if best.step in (None, last_step) else best.restore(state)
             same = evaluate.eval_budget_name(config)
             eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
             emit(
-                f"Final evaluation at step {last_step} of the best checkpoint, step "
-                f"{best.step} ({best.rule.describe()} {best.score:.4f}): "
+                f"Final evaluation at step {last_step} of {best.describe()}: "
                 + ("" if same else f"the eval budget ({eval_budget} iterations), then ")
                 + f"budgets {evaluate.report_budgets(config)}, a line per split:"
             )
