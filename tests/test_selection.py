@@ -103,6 +103,8 @@ def test_best_checkpoint_kept_when_worse_replaced_when_better_and_read_back(tmp_
     other = BestCheckpoint(str(tmp_path), SelectionRule("val", "loss", "min"), lines.append)
     assert other.step is None  # selected by another rule: set aside, said once
     assert "was selected by val score (max); selecting by val loss (min)" in lines[0]
+    assert other.offer(12, _state(-12.0), 3.0)  # the set-aside checkpoint's step: replaced
+    np.testing.assert_array_equal(other.restore(_state(0.0))["w"], np.full(3, -12.0))
     other.close()
 
 

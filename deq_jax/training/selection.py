@@ -197,14 +197,17 @@ class BestCheckpoint:
         return f"the best checkpoint, step {self.step} ({self.rule.describe()} {self.score:.4f})"
 
     def offer(self, step: int, state: Any, score: float) -> bool:
-        """Saves ``state`` as the best if ``score`` beats the best so far (or its step is
-        already the best one's: a resumed run replaying it); returns whether it saved.
+        """Saves ``state`` as the best if ``score`` beats the best so far, unless
+        ``step`` is already the best one's (a resumed run replaying it); returns whether
+        it saved. A checkpoint left at ``step`` by a set-aside rule is replaced.
 
         Every process calls it with the same score (the evaluation is global), so all
         take the same branch, as orbax's collective save needs.
         """
         if self.step == step or not self.rule.better(score, self.score):
             return False
+        if step in self._manager.all_steps():
+            self._manager.delete(step)
         record = dict(step=int(step), score=float(score), **self.rule._asdict())
         args = {
             _STATE_ITEM: ocp.args.StandardSave(state),
