@@ -141,9 +141,9 @@ def train_language_model(
 
     def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
         evaluator.max_batches = 0 if full else ec.max_batches
-        results = {}
+        results, evaluated = {}, state if scored is None else scored
         for split in eval_splits:
-            metrics = evaluator.evaluate(scored or state, split, mode=phase(step))
+            metrics = evaluator.evaluate(evaluated, split, mode=phase(step))
             results[split] = metrics
             writer.write(step, split, metrics)
             emit(f"eval step {step} {split}: {_format(metrics)}")

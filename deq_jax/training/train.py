@@ -10,9 +10,9 @@ of the train budget (printed split by split as it runs, and written to
 ``length_generalization.json`` with the step it scored, ``best``). A finished workdir
 run again with the same ``train.steps`` says so and writes nothing; with a larger one
 it continues. A task without ``num_classes`` is trained as a regression (mean squared
-error), and the ``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
-(`deq_jax.training.regularizer`); ``neural_solver.alternating`` interleaves neural-solver
-fits with the DEQ's training (`deq_jax.training.alternating`).
+error), and the ``regularizer`` section adds the Jacobian regulariser and logs the
+spectral radius (`deq_jax.training.regularizer`); ``neural_solver.alternating``
+interleaves neural-solver fits with the DEQ's training (`deq_jax.training.alternating`).
 
 Files in the workdir: ``checkpoints/`` (orbax), ``checkpoints_best/`` (the best
 state and its record), ``metrics.jsonl``, ``tensorboard/``,
@@ -283,9 +283,9 @@ def train_and_evaluate(
         """Every eval split of ``scored`` (default: the current state) at ``step``."""
         if full:
             evaluator.max_batches = 0
-        results = {}
+        results, evaluated = {}, state if scored is None else scored
         for split in eval_splits:
-            results[split] = metrics = evaluator.evaluate(scored or state, split)
+            results[split] = metrics = evaluator.evaluate(evaluated, split)
             writer.write(step, split, metrics)
             emit(f"eval step {step} {split}: {evaluate.short_metrics(metrics)}")
         progress.restart_clock(step)
