@@ -5,19 +5,26 @@ the evaluation path every report uses."""
 
 import json
 import os
+import subprocess
+import sys
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import synthetic_1d
+from deq_jax import tasks
 from deq_jax.models import clrs
 from deq_jax.training import (
     evaluate,
     evaluate_checkpoint,
+    metrics,
     selection,
     setup,
+    sharding,
+    steps,
     train_and_evaluate,
     writers,
 )
@@ -51,8 +58,6 @@ def test_rule_defaults_to_the_task_and_takes_the_config_keys():
 
 
 def test_task_defaults(tmp_path):
-    from deq_jax import tasks
-
     (tmp_path / "text.txt").write_text("to be or not to be\n" * 50, encoding="utf-8")
     text = tasks.get("char_text", path=str(tmp_path / "text.txt"), data_dir=str(tmp_path))
     assert text.selection_metric == ("bpc", "min")
@@ -240,8 +245,6 @@ class _AllEdgesStep:
         self.task = task
 
     def __call__(self, state, batch):
-        import jax.numpy as jnp
-
         adjacency = batch["inputs"]  # [b, n, n], self-loops included
         edges = (adjacency > 0) & ~jnp.eye(adjacency.shape[-1], dtype=bool)
         logits = jnp.stack([jnp.zeros(edges.shape), jnp.where(edges, 1.0, -1.0)], -1)
@@ -253,8 +256,6 @@ def test_the_evaluator_combines_micro_f1_from_counts_at_any_batch_size(monkeypat
     """Training's periodic and final evaluation, `evaluate_checkpoint`, the CLRS report,
     the Jacobian report and the neural-solver evaluation all score a split through
     `Evaluator.evaluate`: its F1 must be the whole split's, not a mean over batches."""
-    from deq_jax.training import metrics, sharding, steps
-
     task = clrs.ClrsTask(clrs.ClrsConfig("mst_kruskal", test_nodes=(12,), eval_size=20))
     monkeypatch.setattr(
         steps, "make_eval_step", lambda model, fn, mesh, *a, **k: _AllEdgesStep(task)
@@ -274,3 +275,37 @@ def test_the_evaluator_combines_micro_f1_from_counts_at_any_batch_size(monkeypat
     # At 3 graphs a batch, the mean of the batches' F1s differs: the check can fail.
     mean_of_f1 = metrics.combine(jax.device_get(per_batch))["score"]
     assert mean_of_f1 != pytest.approx(expected, rel=1e-4)
+
+
+_DEVICES_SCRIPT = """
+import json, sys
+sys.path.insert(0, "tests")
+import test_selection
+report, _ = test_selection._train(test_selection._config(), sys.argv[1])
+print("RESULT " + json.dumps({"best": test_selection.selection.read_best_record(sys.argv[1]),
+                              "report": report.report}))
+"""
+
+
+def _on_devices(devices, workdir):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEVICES_SCRIPT, str(workdir)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
+
+
+@pytest.mark.slow  # two subprocesses; the 1-vs-8 device losses are in CI
+def test_same_selection_and_report_on_one_and_eight_devices(tmp_path):
+    one, eight = _on_devices(1, tmp_path / "one"), _on_devices(8, tmp_path / "eight")
+    assert one["best"] == eight["best"] and one["best"]["step"] == 4
+    chex.assert_trees_all_close(eight["report"], one["report"], atol=1e-5, rtol=0)
