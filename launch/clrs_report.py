@@ -306,6 +306,7 @@ def run_report(
         for mode in modes:
             for seed in train_seeds or [None]:
                 workdir = os.path.join(root, algorithm, mode)
+                tag = {} if seed is None else {"seed": seed}  # the row's seed, if any
                 if seed is not None:
                     workdir = seeds.seed_workdir(workdir, seed)
                 config = run_config(algorithm, mode, steps, smoke, overrides, seed)
@@ -316,15 +317,15 @@ def run_report(
                 except NonFiniteLossError as err:  # a diverged run is a result too
                     emit(f"[{name}] diverged: {err}")
                     goal = GOALS[algorithm]
-                    rows.append(dict(algorithm=algorithm, mode=mode, goal=goal, diverged=str(err)))
-                    rows[-1].update({} if seed is None else {"seed": seed})
+                    rows.append(
+                        dict(algorithm=algorithm, mode=mode, goal=goal, diverged=str(err), **tag)
+                    )
                     continue
                 splits = evaluate_run(run, config)
                 if answer_steps and mode == "deq":
                     add_answer_steps(run, config, splits)
                 row = report_row(algorithm, mode, splits, evaluate.read_train_seconds(workdir))
-                row.update(scored_step=step, checkpoint=which)
-                row.update({} if seed is None else {"seed": seed})
+                row.update(scored_step=step, checkpoint=which, **tag)
                 rows.append(row)
                 brief = {k: v for k, v in row.items() if k != "splits"}
                 emit(f"[{name}] {json.dumps(brief)}")
