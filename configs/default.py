@@ -52,7 +52,11 @@ Sections:
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget (on every batch of each split, or
-    at most ``report_max_batches`` of them: a smoke run's cap).
+    at most ``report_max_batches`` of them: a smoke run's cap). Model selection
+    (`deq_jax.training.selection`): after each periodic evaluation and at the end, the
+    state with the best ``select_metric`` (``"max"`` or ``"min"``: ``select_mode``) on
+    ``select_split`` is kept in ``checkpoints_best/``, and the final report scores it;
+    empty values are the task's (its first eval split, `Task.selection_metric`).
   regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
     (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
@@ -280,6 +284,9 @@ def get_config() -> ConfigDict:
             max_batches=0,
             report_max_batches=0,
             budget_multipliers=(1, 2, 4),
+            select_split="",
+            select_metric="",
+            select_mode="",
         )
     )
 

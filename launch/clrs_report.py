@@ -2,8 +2,9 @@
 
 For each algorithm and mode, trains (or, when the run's workdir already holds its final
 checkpoint, loads) ``configs/clrs_<algorithm>.py`` with ``model.mode=<mode>`` in
-``{workdir}/<algorithm>/<mode>``, evaluates every eval split at the model's eval budget
-and writes to ``{workdir}``:
+``{workdir}/<algorithm>/<mode>``, evaluates every eval split of its best checkpoint on
+``val`` (`deq_jax.training.selection`, as CLRS selects; the row's ``scored_step``) at
+the model's eval budget and writes to ``{workdir}``:
 
 * ``clrs_report.json``: one row per run: the CLRS score (pointer accuracy, Kruskal's
   edge F1 over the whole split) per graph size (``val`` at 16 nodes, ``test_<n>``),
@@ -14,6 +15,12 @@ and writes to ``{workdir}``:
   (`REFERENCE_RULES`);
 * ``clrs_report.md``: the same as a table;
 * ``clrs_report.png``: the score and the steps against the graph size.
+
+With ``--seeds=0,1,2`` every algorithm and mode is trained once per train seed
+(``train.seed``), each in its own ``{workdir}/<algorithm>/<mode>/seed<seed>``; the
+table has a row per seed, then a row per algorithm and mode with the mean +- standard
+deviation over seeds (`launch.seeds.aggregate`; ``summary`` in the JSON). Without it,
+one run of the config's seed, as before.
 
 With ``--answer_steps``, each deq-mode run's solves are also replayed
 (`launch.clrs_steps`) and every split gets the step at which the decoded answer
@@ -31,7 +38,7 @@ Usage::
     python -m launch.clrs_report --workdir /tmp/clrs_report \\
         [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
         [--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn]
-        [--answer_steps]
+        [--answer_steps] [--seeds=0,1,2]
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -41,6 +48,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -51,10 +59,10 @@ from absl import app, flags
 from configs.clrs_base import MODES, clrs_config
 from deq_jax.models.clrs import ALGORITHMS, f1_from_counts
 from deq_jax.training import NonFiniteLossError, SettleRule, evaluate
-from launch import clrs_steps
+from launch import clrs_steps, seeds
 from launch import main as launch_main
 from launch.clrs_report_plots import REFERENCE_RULES, write_figure
-from launch.runs import apply_overrides, quiet, trained_run
+from launch.runs import apply_overrides, best_run, quiet
 
 REPORT = "clrs_report"
 # Test score at 64 nodes of the DEQ column of Xhonneux et al. (2024), in percent.
@@ -67,6 +75,15 @@ GOALS = {
     "mst_prim": 75.2,
 }
 TARGET = "test_64"
+# The row values averaged over seeds (`summary_rows`).
+SEED_KEYS = (
+    "val_score",
+    "test_score",
+    "gap",
+    "val_nstep_mean",
+    "test_nstep_mean",
+    "train_seconds",
+)
 
 
 def define_flags() -> None:
@@ -80,6 +97,12 @@ def define_flags() -> None:
         False,
         "Replay every deq run's solves for the step at which its answer settled "
         "(launch.clrs_steps; about four model evaluations per budget step).",
+    )
+    flags.DEFINE_list(
+        "seeds",
+        [],
+        "Train seeds, e.g. 0,1,2: one run per seed in <algorithm>/<mode>/seed<seed>, "
+        "and the mean and std over them (default: one run of the config's seed).",
     )
     flags.DEFINE_multi_string(
         "set",
@@ -96,19 +119,23 @@ def run_config(
     steps: int = 0,
     smoke: bool = False,
     overrides: Sequence[str] = (),
+    seed: int | None = None,
 ) -> Any:
     """The config of one run: ``configs/clrs_<algorithm>.py`` with ``mode`` (and
     ``smoke``) as its variants (`configs.clrs_base.apply_variants`: ``fixed_steps`` runs
     without the Jacobian regulariser and the training-graph augmentations, the modes
-    other than ``deq`` without the edge state), ``steps`` if set, then the ``key=value``
-    ``overrides`` (`launch.runs.apply_overrides`).
+    other than ``deq`` without the edge state), ``steps`` if set, the ``key=value``
+    ``overrides`` (`launch.runs.apply_overrides`), then ``train.seed=seed`` if given.
     """
     names = ([] if mode == "deq" else [mode]) + (["smoke"] if smoke else [])
     config = clrs_config(algorithm, ",".join(names))
     if steps:
         config.train.steps = steps
         config.train.warmup_steps = min(config.train.warmup_steps, steps // 10)
-    return apply_overrides(config, overrides)
+    config = apply_overrides(config, overrides)
+    if seed is not None:
+        config.train.seed = int(seed)
+    return config
 
 
 def split_nodes(config: Any, split: str) -> int:
@@ -205,9 +232,10 @@ def markdown(rows: Sequence[dict]) -> str:
         for key, rule in REFERENCE_RULES.items():
             if target.get(key) is not None:
                 references.setdefault(r["algorithm"], (rule, target[key]))
+        mode = r["mode"] if r.get("seed") is None else f"{r['mode']} (seed {r['seed']})"
         if "diverged" in r:
             empty = "| " * (5 if answers else 4)
-            lines.append(f"| {r['algorithm']} | {r['mode']} | diverged | | {r['goal']} {empty}|")
+            lines.append(f"| {r['algorithm']} | {mode} | diverged | | {r['goal']} {empty}|")
             continue
         gap = "-" if r["gap"] is None else f"{r['gap']:+.1f}"
         steps = [
@@ -220,12 +248,40 @@ def markdown(rows: Sequence[dict]) -> str:
             else ""
         )
         lines.append(
-            f"| {r['algorithm']} | {r['mode']} | {_cell(r['val_score'], True)} | "
+            f"| {r['algorithm']} | {mode} | {_cell(r['val_score'], True)} | "
             f"{_cell(r['test_score'], True)} | {r['goal']} | {gap} | {steps[0]} | {steps[1]} | "
             f"{answer}{_cell(r['train_seconds'], digits=0)} |"
         )
     for algorithm, (rule, reference) in references.items():
         lines.append(f"\n{algorithm}: {rule} scores {100 * reference:.1f} on the {TARGET} graphs.")
+    return "\n".join(lines) + "\n"
+
+
+def summary_rows(rows: Sequence[dict]) -> list[dict]:
+    """Per algorithm and mode, the mean and standard deviation over seeds of the
+    `SEED_KEYS` (`launch.seeds.aggregate`: a diverged seed counts as missing, and
+    ``{key}_n`` says how many seeds each mean has), with the goal."""
+    out = seeds.aggregate(rows, ("algorithm", "mode"), SEED_KEYS)
+    for row in out:
+        row["goal"] = GOALS[row["algorithm"]]
+    return out
+
+
+def summary_markdown(summary: Sequence[dict]) -> str:
+    """The mean +- std table over seeds (scores in percent, gap in points)."""
+    lines = [
+        f"| algorithm | mode | seeds | val score (16) | test score ({TARGET[5:]}) | goal | gap | "
+        "steps mean (16) | steps mean (64) | train s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        cell = functools.partial(seeds.format_mean_std, r)
+        lines.append(
+            f"| {r['algorithm']} | {r['mode']} | {r['test_score_n']}/{len(r['seeds'])} | "
+            f"{cell('val_score', 100)} | {cell('test_score', 100)} | {r['goal']} | "
+            f"{cell('gap')} | {cell('val_nstep_mean')} | {cell('test_nstep_mean')} | "
+            f"{cell('train_seconds', digits=0)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -238,35 +294,47 @@ def run_report(
     smoke: bool = False,
     overrides: Sequence[str] = (),
     answer_steps: bool = False,
+    train_seeds: Sequence[int] = (),
     emit: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Trains or loads every run, evaluates it and writes the JSON, markdown and PNG
-    (``answer_steps``: with the deq runs' replayed step counts, `add_answer_steps`)."""
+    """Trains or loads every run, evaluates its best checkpoint and writes the JSON,
+    markdown and PNG (``answer_steps``: with the deq runs' replayed step counts,
+    `add_answer_steps`; ``train_seeds``: a run per seed and the mean and standard
+    deviation over them, `summary_rows`)."""
     rows = []
     for algorithm in algorithms:
         for mode in modes:
-            config = run_config(algorithm, mode, steps, smoke, overrides)
-            workdir = os.path.join(root, algorithm, mode)
-            emit(f"[{algorithm}/{mode}] training or loading in {workdir}")
-            try:
-                run = trained_run(config, workdir, emit=quiet)
-            except NonFiniteLossError as err:  # a diverged run is a result too
-                emit(f"[{algorithm}/{mode}] diverged: {err}")
-                rows.append(
-                    dict(algorithm=algorithm, mode=mode, goal=GOALS[algorithm], diverged=str(err))
-                )
-                continue
-            seconds = evaluate.read_train_seconds(workdir)
-            splits = evaluate_run(run, config)
-            if answer_steps and mode == "deq":
-                add_answer_steps(run, config, splits)
-            row = report_row(algorithm, mode, splits, seconds)
-            rows.append(row)
-            brief = {k: v for k, v in row.items() if k != "splits"}
-            emit(f"[{algorithm}/{mode}] {json.dumps(brief)}")
+            for seed in train_seeds or [None]:
+                workdir = os.path.join(root, algorithm, mode)
+                tag = {} if seed is None else {"seed": seed}  # the row's seed, if any
+                if seed is not None:
+                    workdir = seeds.seed_workdir(workdir, seed)
+                config = run_config(algorithm, mode, steps, smoke, overrides, seed)
+                name = algorithm + "/" + mode + ("" if seed is None else f"/seed{seed}")
+                emit(f"[{name}] training or loading in {workdir}")
+                try:
+                    run, step, which = best_run(config, workdir, emit=quiet)
+                except NonFiniteLossError as err:  # a diverged run is a result too
+                    emit(f"[{name}] diverged: {err}")
+                    goal = GOALS[algorithm]
+                    rows.append(
+                        dict(algorithm=algorithm, mode=mode, goal=goal, diverged=str(err), **tag)
+                    )
+                    continue
+                splits = evaluate_run(run, config)
+                if answer_steps and mode == "deq":
+                    add_answer_steps(run, config, splits)
+                row = report_row(algorithm, mode, splits, evaluate.read_train_seconds(workdir))
+                row.update(scored_step=step, checkpoint=which, **tag)
+                rows.append(row)
+                brief = {k: v for k, v in row.items() if k != "splits"}
+                emit(f"[{name}] {json.dumps(brief)}")
     os.makedirs(root, exist_ok=True)
+    summary = summary_rows(rows) if train_seeds else []
     report = dict(
         rows=rows,
+        seeds=list(train_seeds),
+        summary=summary,
         goals=GOALS,
         target=TARGET,
         steps=steps,
@@ -276,11 +344,15 @@ def run_report(
     )
     paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md", "png")}
     report["figure"] = write_figure(rows, paths["png"])
+    table = markdown(rows)
+    if summary:
+        table += f"\nMean ± std over train seeds {list(train_seeds)}:\n\n"
+        table += summary_markdown(summary)
     with open(paths["md"], "w") as f:
-        f.write(markdown(rows))
+        f.write(table)
     with open(paths["json"], "w") as f:
         json.dump(report, f, indent=1)
-    emit(markdown(rows))
+    emit(table)
     emit(f"Wrote {', '.join(paths.values())}")
     return report
 
@@ -304,6 +376,7 @@ def main(argv: Sequence[str]) -> None:
         smoke=flag.smoke,
         overrides=flag.set,
         answer_steps=flag.answer_steps,
+        train_seeds=seeds.parse_seeds(flag.seeds) if flag.seeds else (),
         emit=lambda line: print(line, flush=True),
     )
 

@@ -1,9 +1,14 @@
-"""Evaluates the latest checkpoint of a workdir on any splits and solver budgets.
+"""Evaluates a checkpoint of a workdir on any splits and solver budgets.
 
 Usage::
 
     python -m launch.evaluate --config configs/prefix_sum.py --workdir /tmp/ps \\
-        --splits=test_32,test_64 --max_iters=30,60,120
+        --splits=test_32,test_64 --max_iters=30,60,120 [--checkpoint=best|last]
+
+``--checkpoint=best`` scores the state with the best validation score that training
+kept (``checkpoints_best/``, `deq_jax.training.selection`), ``last`` the latest
+checkpoint; by default the best if the run has one, else the last. The first line
+printed names the step scored and why.
 
 Pass the config (and overrides) the checkpoint was trained with. Without ``--splits``
 every eval split of the task is used; without ``--max_iters`` the budgets are
@@ -27,6 +32,9 @@ from launch import main as launch_main
 
 _SPLITS = flags.DEFINE_list("splits", [], "Splits to evaluate (default: every eval split).")
 _MAX_ITERS = flags.DEFINE_list("max_iters", [], "Solver budgets (default: the multipliers).")
+_CHECKPOINT = flags.DEFINE_enum(
+    "checkpoint", "", ["", "best", "last"], "best, last, or empty: the best if there is one."
+)
 _OUTPUT = flags.DEFINE_string("output", "", "JSON output path (default {workdir}/evaluation.json).")
 
 
@@ -52,6 +60,7 @@ def main(argv: Sequence[str]) -> None:
         splits=_SPLITS.value,
         max_iters=[int(k) for k in _MAX_ITERS.value],
         emit=functools.partial(print, flush=True),
+        checkpoint=_CHECKPOINT.value,
     )
     path = _OUTPUT.value or os.path.join(workdir, "evaluation.json")
     with open(path, "w") as f:

@@ -1,15 +1,17 @@
 """The Jacobian-regularisation report: synthetic 1-D and digits runs over gamma.
 
 Trains (or, when a run's workdir already holds its final checkpoint, loads) one run per
-Jacobian weight ``gamma`` and writes ``{workdir}/jacobian_report.json`` and PNG figures:
+Jacobian weight ``gamma``, scores each at its best checkpoint on validation
+(`deq_jax.training.selection`; ``scored_step`` in the JSON) and writes
+``{workdir}/jacobian_report.json`` and PNG figures:
 
 * ``synthetic_1d``: validation MSE, mean Anderson steps to relative residual 1e-3 and
-  the spectral radius for each gamma, over ``--synthetic_seeds`` seeds (mean, standard
-  deviation, and the issue's goal on the medians: ``goal``); the learned map as
-  ``f(z; x) - z`` over a z-grid for a few ``x`` (``synthetic_surface.png``) and the mean
-  relative residual per iteration over the validation set
-  (``synthetic_convergence.png``), as in Figure 5 of Bai et al. (seed 0), and MSE
-  against steps for every seed (``synthetic_seeds.png``).
+  the spectral radius for each gamma, over the train seeds ``--seeds`` (mean, standard
+  deviation: `launch.seeds.mean_std`, and the issue's goal on the medians: ``goal``);
+  the learned map as ``f(z; x) - z`` over a z-grid for a few ``x``
+  (``synthetic_surface.png``) and the mean relative residual per iteration over the
+  validation set (``synthetic_convergence.png``), as in Figure 5 of Bai et al. (the
+  first seed), and MSE against steps for every seed (``synthetic_seeds.png``).
 * ``digits``: test accuracy at inference budgets of 1..8 function evaluations and the
   steps to relative residual 1e-3 for each gamma (``digits_budget.png``), as in their
   Table 3, with the "best" regularised gamma (fewest steps within one point of the
@@ -23,7 +25,9 @@ Usage::
 
     python -m launch.jacobian_report --workdir /tmp/jacobian_report \\
         --gammas=0,1,2,4 --digits_gammas=0,1,2,5 --synthetic_steps=80000 --digits_steps=1000 \\
-        --synthetic_seeds=3
+        --seeds=0,1,2
+
+``--synthetic_seeds=N`` is ``--seeds=0,...,N-1`` (the older spelling).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -44,20 +48,23 @@ import numpy as np
 from absl import app, flags
 
 from launch import main as launch_main
-from launch.runs import trained_run
+from launch import seeds as seed_stats
+from launch.runs import best_run, trained_run
 
-_GAMMAS = flags.DEFINE_list("gammas", ["0", "1", "2", "4"], "Jacobian weights, synthetic_1d.")
-_DIGITS_GAMMAS = flags.DEFINE_list(
-    "digits_gammas", ["0", "1", "2", "5"], "Jacobian weights, digits."
-)
-_SYN_STEPS = flags.DEFINE_integer("synthetic_steps", 80_000, "Train steps per synthetic run.")
-_SYN_SEEDS = flags.DEFINE_integer(
-    "synthetic_seeds", 1, "Seeds (train.seed 0..N-1) per gamma of the synthetic runs."
-)
-_DIGITS_STEPS = flags.DEFINE_integer("digits_steps", 1_000, "Train steps per digits run.")
-_DIGITS_FREQ = flags.DEFINE_float("digits_freq", 1.0, "Jacobian frequency p of digits runs.")
-_TIMING_STEPS = flags.DEFINE_integer("timing_steps", 20, "Timed train steps per variant.")
-_SMOKE = flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+
+def define_flags() -> None:
+    """Defines this program's flags (``--workdir`` comes from `launch.main`); in a
+    function, so importing the module next to another report defines nothing."""
+    flags.DEFINE_list("gammas", ["0", "1", "2", "4"], "Jacobian weights, synthetic_1d.")
+    flags.DEFINE_list("digits_gammas", ["0", "1", "2", "5"], "Jacobian weights, digits.")
+    flags.DEFINE_integer("synthetic_steps", 80_000, "Train steps per synthetic run.")
+    flags.DEFINE_list("seeds", [], "Train seeds of the synthetic runs, e.g. 0,1,2 (default 0).")
+    flags.DEFINE_integer("synthetic_seeds", 0, "N: the same as --seeds=0,...,N-1.")
+    flags.DEFINE_integer("digits_steps", 1_000, "Train steps per digits run.")
+    flags.DEFINE_float("digits_freq", 1.0, "Jacobian frequency p of digits runs.")
+    flags.DEFINE_integer("timing_steps", 20, "Timed train steps per variant.")
+    flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+
 
 REPORT_FILE = "jacobian_report.json"
 NFE_BUDGETS = tuple(range(1, 9))
@@ -166,13 +173,15 @@ def synthetic_workdir(root: str, gamma: float, seed: int = 0) -> str:
 
 
 def seed_statistics(per_seed: Sequence[dict[str, float]]) -> dict[str, float]:
-    """Median, mean and standard deviation over seeds of ``mse`` and ``nstep_mean``."""
+    """Median, mean and standard deviation (`launch.seeds.mean_std`) over seeds of
+    ``mse`` and ``nstep_mean``."""
     out = {}
     for key in ("mse", "nstep_mean"):
-        values = np.asarray([s[key] for s in per_seed], float)
-        out[f"{key}_seed_median"] = float(np.median(values))
-        out[f"{key}_seed_mean"] = float(values.mean())
-        out[f"{key}_seed_std"] = float(values.std())
+        values = [s[key] for s in per_seed]
+        stats = seed_stats.mean_std(values)
+        out[f"{key}_seed_median"] = float(np.median(np.asarray(values, float)))
+        out[f"{key}_seed_mean"] = stats["mean"]
+        out[f"{key}_seed_std"] = stats["std"]
     return out
 
 
@@ -203,28 +212,31 @@ def synthetic_goal(section: dict[str, Any], gammas: Sequence[float]) -> dict[str
 
 
 def synthetic_section(
-    base: Any, root: str, gammas: Sequence[float], emit, seeds: int = 1
+    base: Any, root: str, gammas: Sequence[float], emit, seeds: int | Sequence[int] = 1
 ) -> dict[str, Any]:
     """Trains/loads the synthetic runs per gamma and seed and measures them.
 
-    Seed 0 of each gamma gives the figures (surface, convergence, spectral radius over
-    training); every seed (``train.seed`` 0..seeds-1: initialisation and batch order, the
-    data stay fixed) gives validation MSE and steps, summarised in ``*_seed_median``,
+    ``seeds`` are the train seeds (``train.seed``: initialisation and batch order, the
+    data stay fixed), or their number N for 0..N-1. The first seed of each gamma gives
+    the figures (surface, convergence, spectral radius over training); every seed gives
+    validation MSE and steps at its best checkpoint, summarised in ``*_seed_median``,
     ``*_seed_mean`` and ``*_seed_std``.
     """
+    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     out: dict[str, Any] = {}
     z_grid = np.linspace(-8.0, 8.0, 161)
     for gamma in gammas:
         per_seed = []
-        for seed in range(seeds):
+        for seed in seeds:
             workdir = synthetic_workdir(root, gamma, seed)
-            run = trained_run(_seed_config(base, gamma, seed), workdir)
+            run, step, _ = best_run(_seed_config(base, gamma, seed), workdir)
             summary = _eval_summary(run, "validation")
             rho = spectral_history(workdir)
+            final = rho[-1][1] if rho else None
             per_seed.append(
-                dict(seed=seed, **summary, spectral_radius_final=rho[-1][1] if rho else None)
+                dict(seed=seed, **summary, scored_step=step, spectral_radius_final=final)
             )
-            if seed == 0:
+            if seed == seeds[0]:
                 out[f"{gamma:g}"] = {
                     **summary,
                     "spectral_radius_final": per_seed[0]["spectral_radius_final"],
@@ -241,9 +253,9 @@ def synthetic_section(
         entry = out[f"{gamma:g}"]
         entry["seeds"] = per_seed
         entry.update(seed_statistics(per_seed))
-        if seeds > 1:
+        if len(seeds) > 1:
             emit(
-                f"synthetic_1d gamma={gamma:g} over {seeds} seeds: median mse "
+                f"synthetic_1d gamma={gamma:g} over {len(seeds)} seeds: median mse "
                 f"{entry['mse_seed_median']:.5f}, median steps "
                 f"{entry['nstep_mean_seed_median']:.2f} (means {entry['mse_seed_mean']:.5g}, "
                 f"{entry['nstep_mean_seed_mean']:.2f})"
@@ -267,7 +279,7 @@ def digits_section(base: Any, root: str, gammas: Sequence[float], emit) -> dict[
     out: dict[str, Any] = {}
     for gamma in gammas:
         workdir = os.path.join(root, f"digits_gamma{gamma:g}")
-        run = trained_run(_with_gamma(base, gamma), workdir)
+        run, step, _ = best_run(_with_gamma(base, gamma), workdir)
         evaluator = Evaluator(run.model, run.task, run.mesh, base.eval.batch_size)
         budget = {k: evaluator.evaluate(run.state, "test", k)["accuracy"] for k in NFE_BUDGETS}
         summary = _eval_summary(run, "test")
@@ -275,6 +287,7 @@ def digits_section(base: Any, root: str, gammas: Sequence[float], emit) -> dict[
         out[f"{gamma:g}"] = {
             **summary,
             "accuracy_at_nfe": {str(k): v for k, v in budget.items()},
+            "scored_step": step,
             "spectral_radius_final": rho[-1][1] if rho else None,
             "spectral_radius": rho,
         }
@@ -309,7 +322,7 @@ def run_report(
     gammas: Sequence[float],
     digits_gammas: Sequence[float],
     timing_steps: int,
-    synthetic_seeds: int = 1,
+    synthetic_seeds: int | Sequence[int] = 1,
     emit: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Runs every part of the report and writes the JSON and the PNGs into ``workdir``.
@@ -354,23 +367,25 @@ def main(argv: Sequence[str]) -> None:
     from configs import digits, synthetic_1d
 
     launch_main.quiet_library_logs()
-    variant = "smoke" if _SMOKE.value else None
+    flag = flags.FLAGS
+    variant = "smoke" if flag.smoke else None
     syn, dig = synthetic_1d.get_config(variant), digits.get_config(variant)
-    if not _SMOKE.value:
-        syn.train.steps, dig.train.steps = _SYN_STEPS.value, _DIGITS_STEPS.value
-    dig.regularizer.jacobian_freq = _DIGITS_FREQ.value
+    if not flag.smoke:
+        syn.train.steps, dig.train.steps = flag.synthetic_steps, flag.digits_steps
+    dig.regularizer.jacobian_freq = flag.digits_freq
     run_report(
         launch_main._WORKDIR.value,
         synthetic_config=syn,
         digits_config=dig,
-        gammas=[float(g) for g in _GAMMAS.value],
-        digits_gammas=[float(g) for g in _DIGITS_GAMMAS.value],
-        timing_steps=_TIMING_STEPS.value,
-        synthetic_seeds=_SYN_SEEDS.value,
+        gammas=[float(g) for g in flag.gammas],
+        digits_gammas=[float(g) for g in flag.digits_gammas],
+        timing_steps=flag.timing_steps,
+        synthetic_seeds=seed_stats.seeds_or_count(flag.seeds, flag.synthetic_seeds),
         emit=lambda line: print(line, flush=True),
     )
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flags_as_required(["workdir"])  # --workdir is launch.main's flag
     app.run(main)

@@ -20,8 +20,9 @@ import json
 import os
 from collections.abc import Sequence
 
-import numpy as np
 from absl import app, flags
+
+from launch import seeds
 
 _GROUPS = flags.DEFINE_multi_string("group", [], "name=workdir,workdir,... (one per group).")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the rows as JSON here.")
@@ -55,10 +56,8 @@ def summarize(name: str, reports: Sequence[dict]) -> dict:
     headline = "bpc" if "bpc" in reports[0]["eval"]["valid"] else "ppl"
 
     def stat(values):
-        values = [v for v in values if v is not None]
-        if not values:
-            return None, None
-        return float(np.mean(values)), float(np.std(values))
+        summary = seeds.mean_std(values)
+        return summary["mean"], summary["std"]
 
     row = {"name": name, "seeds": len(reports), "metric": headline}
     row["parameters"] = reports[0]["parameters"]

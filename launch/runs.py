@@ -1,4 +1,5 @@
-"""Finished runs for the report scripts: load a run's final checkpoint, or train it."""
+"""Finished runs for the report scripts: load a run's final checkpoint, or train it; and
+the state a report scores, its best checkpoint on validation (`best_run`)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,16 @@ def trained_run(config: Any, workdir: str, emit: Callable[[str], None] = quiet) 
         run = setup(config, workdir)
         run.checkpointer.close()
     return run
+
+
+def best_run(
+    config: Any, workdir: str, emit: Callable[[str], None] = quiet
+) -> tuple[Any, int, str]:
+    """`trained_run` with the state a report scores: ``(run, step, which)``, the run's
+    state replaced by its best checkpoint on validation (``which="best"``,
+    `deq_jax.training.selection`), or its last for a run trained without one."""
+    from deq_jax.training.selection import restore_selected
+
+    run = trained_run(config, workdir, emit=emit)
+    state, step, which = restore_selected(workdir, run.state, run.start_step)
+    return run._replace(state=state), step, which

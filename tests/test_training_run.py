@@ -179,7 +179,9 @@ def test_a_non_finite_step_is_skipped_counted_and_logged(tmp_path, data_dir, mon
 def test_evaluate_checkpoint_on_any_split_and_budget(finished):
     config, workdir, _, _ = finished
     lines = []
-    report = evaluate_checkpoint(config, workdir, ("test_32",), (3, 12), emit=lines.append)
+    report = evaluate_checkpoint(
+        config, workdir, ("test_32",), (3, 12), emit=lines.append, checkpoint="last"
+    )  # the default, the best checkpoint: tests/test_selection.py
     assert set(report) == {"max_iter=3", "max_iter=12"}
     metrics = report["max_iter=3"]["test_32"]
     assert metrics["count"] == config.task.test_size and metrics["nstep_max"] <= 3

@@ -123,6 +123,17 @@ class Task(abc.ABC):
         del seed, step, batch_size, process_index, process_count
         return batch
 
+    @property
+    def selection_metric(self) -> tuple[str, str]:
+        """``(metric, "max" | "min")``: the eval metric that picks a run's best
+        checkpoint on the validation split, and whether higher or lower is better
+        (`deq_jax.training.selection`). Here ``("accuracy", "max")`` for a classifier
+        and ``("mse", "min")`` for a regression (``num_classes`` is ``None``); a task
+        whose headline metric is another overrides it."""
+        if getattr(self, "num_classes", None) is None:
+            return ("mse", "min")
+        return ("accuracy", "max")
+
     def combine_metrics(self, combined: dict[str, float]) -> dict[str, float]:
         """A split's metrics from their count-weighted means over its batches
         (`deq_jax.training.metrics.combine`). A task whose score is not a mean over

@@ -278,6 +278,7 @@ class MazeTask(Task):
     name = "mazes"
     num_classes = 2
     train_split = TRAIN
+    selection_metric = ("maze_accuracy", "max")  # every path pixel right
 
     def __init__(self, config: MazeConfig = MazeConfig()):
         self.config = config

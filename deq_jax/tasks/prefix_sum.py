@@ -310,6 +310,7 @@ class PrefixSumTask(Task):
     name = "prefix_sum"
     num_classes = 2
     train_split = TRAIN
+    selection_metric = ("string_accuracy", "max")  # the whole-string accuracy
 
     def __init__(
         self,

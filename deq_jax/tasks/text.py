@@ -255,6 +255,12 @@ class TextTask:
             process_count=process_count,
         )
 
+    @property
+    def selection_metric(self) -> tuple[str, str]:
+        """The metric that picks a run's best checkpoint, minimised: ``bpc`` at the
+        character level, ``ppl`` at the word level (`summarize`)."""
+        return ("bpc" if self.level == CHAR else "ppl", "min")
+
     def summarize(self, nll_sum: float, count: float) -> dict[str, float]:
         """Per-token metrics of a summed negative log-likelihood (natural log).
 

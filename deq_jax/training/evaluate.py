@@ -24,6 +24,7 @@ import jax
 from jax.sharding import Mesh
 
 from deq_jax.training import metrics, sharding, steps
+from deq_jax.training.selection import describe_selected, restore_selected
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
@@ -149,6 +150,44 @@ def length_report(
     return report
 
 
+def report_budgets(config: Any) -> dict[str, int]:
+    """The report's solver budgets, ``{"1x": k, "2x": 2k, ...}``: ``eval.budget_multipliers``
+    times ``deq.train_max_iter``.
+
+    Raises:
+      ValueError: if ``deq.train_max_iter`` is not set.
+    """
+    base = config.deq.train_max_iter
+    if not base:
+        raise ValueError("deq.train_max_iter must be set for the per-length report.")
+    return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
+
+
+def eval_budget_name(config: Any) -> str | None:
+    """The report budget (``"1x"``, ...) equal to the eval budget, or ``None``."""
+    eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
+    return next((b for b, k in report_budgets(config).items() if k == eval_budget), None)
+
+
+def final_report(config, evaluator, state, splits, writer, emit, step: int) -> dict:
+    """The end of training's per-length report of ``state`` at every budget, written to
+    ``writer`` as ``{split}_{budget}`` metrics at ``step``, with one short line per
+    budget and split as it goes. Every batch of each split counts unless
+    ``eval.report_max_batches`` caps them (a smoke run's seconds-long report)."""
+    evaluator.max_batches = config.eval.get("report_max_batches", 0)
+    report = length_report(evaluator, state, splits, report_budgets(config), emit=emit)
+    for budget, by_split in report.items():
+        for split, values in by_split.items():
+            writer.write(step, f"{split}_{budget}", values)
+    first = next(iter(next(iter(report.values())).values()))
+    keys = headline_keys(first) + ["nstep_mean"]
+    emit(
+        "Per-length accuracy (budget = multiple of the train solver budget):\n"
+        + format_report(report, keys)
+    )
+    return report
+
+
 def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> str:
     """A plain-text table: one row per (budget, split), one column per metric key."""
     header = f"{'budget':>8} {'split':>12} " + " ".join(f"{k:>16}" for k in keys)
@@ -196,8 +235,10 @@ def evaluate_checkpoint(
     splits: Sequence[str] = (),
     max_iters: Sequence[int] = (),
     emit: Callable[[str], None] = print,
+    checkpoint: str = "",
 ) -> dict[str, dict[str, dict]]:
-    """Evaluates the latest checkpoint of ``workdir`` on any splits and solver budgets.
+    """Evaluates a checkpoint of ``workdir`` on any splits and solver budgets: the best
+    on validation (`deq_jax.training.selection`) if the run has one, else the latest.
 
     Args:
       config: the configuration the checkpoint was trained with (``eval.batch_size``
@@ -206,21 +247,22 @@ def evaluate_checkpoint(
       splits: the splits to evaluate; empty means every eval split of the task.
       max_iters: solver budgets; empty means ``eval.budget_multipliers`` times
         ``deq.train_max_iter``.
-      emit: receives the printed table.
+      emit: receives the printed table; its first line names the checkpoint's step.
+      checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
 
     Returns:
       ``{budget_name: {split: metrics}}`` with budget names like ``"max_iter=60"``.
 
     Raises:
-      FileNotFoundError: if the workdir holds no checkpoint.
+      FileNotFoundError: if the workdir holds no checkpoint (or no best one, for
+        ``checkpoint="best"``).
+      ValueError: for an unknown ``checkpoint``.
       CheckpointMismatchError: if the checkpoint does not fit the config's model.
     """
     run = restore_trained(config, workdir, "to evaluate")
+    state, step, which = restore_selected(workdir, run.state, run.start_step, checkpoint)
     splits = tuple(splits) or tuple(run.task.eval_splits)
-    if not max_iters:
-        max_iters = [
-            int(round(m * config.deq.train_max_iter)) for m in config.eval.budget_multipliers
-        ]
+    max_iters = max_iters or list(report_budgets(config).values())
     evaluator = Evaluator(
         run.model,
         run.task,
@@ -228,14 +270,15 @@ def evaluate_checkpoint(
         config.eval.batch_size,
         settle=SettleRule.from_config(config.deq),
     )
-    emit(f"Checkpoint step {run.start_step} of {workdir}: evaluating, one line per split.")
+    named = describe_selected(workdir, which, run.start_step)
+    emit(f"Checkpoint step {step} of {workdir} ({named}): evaluating, one line per split.")
     report = length_report(
-        evaluator, run.state, splits, {f"max_iter={k}": int(k) for k in max_iters}, emit=emit
+        evaluator, state, splits, {f"max_iter={k}": int(k) for k in max_iters}, emit=emit
     )
     first = next(iter(next(iter(report.values())).values()))
     keys = headline_keys(first)
     emit(
-        f"Checkpoint step {run.start_step} of {workdir}:\n"
+        f"Checkpoint step {step} of {workdir} ({which}):\n"
         + format_report(report, keys + ["nstep_mean", "loss"])
     )
     return report

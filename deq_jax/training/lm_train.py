@@ -8,15 +8,18 @@ data starts a new epoch, and checkpoints it with the train state (a resumed run
 continues exactly). The first ``train.pretrain_steps`` train the same parameters as a
 weight-tied stack (locuslab's warm-up). Evaluation streams a whole split with the
 memory and reports bits per character (character level) or perplexity (word level), the
-solver's steps per segment and tokens per second; the final report is written to
-``lm_report.json``. A finished workdir run again with the same ``train.steps`` says so
-and writes nothing; with a larger one it continues (the report's ``train_seconds`` and
-tokens per second then cover every invocation since the first).
+solver's steps per segment and tokens per second. After each periodic evaluation past
+the warm-up, and for the last state, the state with the best validation score (``bpc``
+or ``ppl``) is kept in ``checkpoints_best/`` (`deq_jax.training.selection`); the final
+report scores it and is written to ``lm_report.json`` (``best``: its step and score).
+A finished workdir run again with the same ``train.steps`` says so and writes nothing;
+with a larger one it continues (the report's ``train_seconds`` and tokens per second
+then cover every invocation since the first).
 
 Files in the workdir: ``checkpoints/`` (orbax: ``{"state", "mems"}``), ``vocab.json``
 (the vocabulary the checkpoints were trained on: a run on another vocabulary is
-refused), ``metrics.jsonl``, ``tensorboard/``, ``config.json``, ``lm_report.json`` and
-``data/`` (the tfds build, unless ``task.data_dir`` is set).
+refused), ``checkpoints_best/`` (the best state), ``metrics.jsonl``, ``tensorboard/``,
+``config.json``, ``lm_report.json`` and ``data/`` (the tfds build, unless ``task.data_dir`` is set).
 
 References:
   Dai et al., "Transformer-XL: Attentive Language Models Beyond a Fixed-Length
@@ -40,6 +43,7 @@ from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
 from deq_jax.training.nonfinite import NonFiniteSteps, logged
 from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.state import TrainState
 from deq_jax.training.train import config_json, finished_report, interval_mean
 from deq_jax.training.writers import MetricWriter, ProgressLogger
@@ -49,7 +53,8 @@ REPORT_FILE = "lm_report.json"
 
 class LMRunResult(NamedTuple):
     """What `train_language_model` returns: the final state and memory, the step, and
-    ``eval_metrics`` (``{split: metrics}`` of the final evaluation at the eval budget)."""
+    ``eval_metrics`` (``{split: metrics}`` of the final evaluation at the eval budget:
+    of the best checkpoint, which the report scores)."""
 
     state: TrainState
     mems: Any
@@ -134,16 +139,25 @@ def train_language_model(
     def phase(step: int) -> str | None:
         return "weight_tied" if step <= tc.pretrain_steps else None
 
-    def run_eval(step: int, full: bool) -> dict[str, dict]:
+    def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
         evaluator.max_batches = 0 if full else ec.max_batches
-        results = {}
+        results, evaluated = {}, state if scored is None else scored
         for split in eval_splits:
-            metrics = evaluator.evaluate(state, split, mode=phase(step))
+            metrics = evaluator.evaluate(evaluated, split, mode=phase(step))
             results[split] = metrics
             writer.write(step, split, metrics)
             emit(f"eval step {step} {split}: {_format(metrics)}")
         progress.restart_clock(step)
         return results
+
+    def select(step: int, results: dict[str, dict]) -> None:
+        """Offers the state (past the warm-up) to the best checkpoint, scored on the
+        selection split as the periodic evaluation scores it."""
+        if phase(step) is not None:
+            return
+        evaluator.max_batches = ec.max_batches
+        metrics = results.get(best.rule.split) or evaluator.evaluate(state, best.rule.split)
+        best.offer(step, state, best.rule.score(metrics))
 
     nonfinite = NonFiniteSteps(
         tc.get("max_nonfinite_steps", 1),  # 1: a config written before the key stops as it did
@@ -154,6 +168,7 @@ def train_language_model(
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, dict] = {}
     train_seconds, train_tokens = 0.0, 0.0
+    best = BestCheckpoint(workdir, SelectionRule.from_config(ec, task), emit)
     if previous is not None and previous.get("step", start + 1) <= start:
         train_seconds = previous.get("train_seconds") or 0.0
         train_tokens = (previous.get("train_tokens_per_second") or 0.0) * train_seconds
@@ -184,14 +199,20 @@ def train_language_model(
                 history = []
             if ec.every_steps and step % ec.every_steps == 0 and step < tc.steps:
                 eval_metrics = run_eval(step, full=False)
+                select(step, eval_metrics)
             if not skipped:  # the latest checkpoint stays the last good one
                 ckpt.maybe_save(step, {"state": state, "mems": mems})
         last_step = max(stop, start)
         ckpt.maybe_save(last_step, {"state": state, "mems": mems}, force=True)
         ckpt.wait()
         if last_step >= tc.steps:
-            emit(f"Final evaluation at step {last_step} on every segment of {eval_splits}:")
-            eval_metrics = run_eval(last_step, full=True)
+            select(last_step, {})
+            scored = state if best.step in (None, last_step) else best.restore(state)
+            emit(
+                f"Final evaluation at step {last_step} of {best.describe()}, on every "
+                f"segment of {eval_splits}:"
+            )
+            eval_metrics = run_eval(last_step, full=True, scored=scored)
             if lead:
                 report = {
                     "step": last_step,
@@ -202,6 +223,7 @@ def train_language_model(
                     else None,
                     "train_seconds": train_seconds,
                     "eval": eval_metrics,
+                    "best": best.record,
                 }
                 path = os.path.join(workdir, REPORT_FILE)
                 with open(path, "w") as f:
@@ -209,5 +231,6 @@ def train_language_model(
                 emit(f"Wrote {path}")
     finally:
         ckpt.close()
+        best.close()
         writer.close()
     return LMRunResult(state=state, mems=mems, step=last_step, eval_metrics=eval_metrics)

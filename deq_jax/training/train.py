@@ -3,16 +3,19 @@
 One call builds everything from the config (`deq_jax.training.build`), restores the
 latest checkpoint of the workdir if there is one, trains to ``config.train.steps``
 with the data iterator resumed at the restored step, logs and evaluates periodically,
-saves checkpoints, and ends with the per-length accuracy report at several multiples
+saves checkpoints, keeps the state with the best validation score besides the last
+(`deq_jax.training.selection`: scored after each periodic evaluation and at the end),
+and ends with the per-length accuracy report of that best state at several multiples
 of the train budget (printed split by split as it runs, and written to
-``length_generalization.json``). A finished workdir run again with the same
-``train.steps`` says so and writes nothing; with a larger one it continues. A task
-without ``num_classes`` is trained as a regression (mean squared error), and the
-``regularizer`` section adds the Jacobian regulariser and logs the spectral radius
-(`deq_jax.training.regularizer`); ``neural_solver.alternating`` interleaves neural-solver
-fits with the DEQ's training (`deq_jax.training.alternating`).
+``length_generalization.json`` with the step it scored, ``best``). A finished workdir
+run again with the same ``train.steps`` says so and writes nothing; with a larger one
+it continues. A task without ``num_classes`` is trained as a regression (mean squared
+error), and the ``regularizer`` section adds the Jacobian regulariser and logs the
+spectral radius (`deq_jax.training.regularizer`); ``neural_solver.alternating``
+interleaves neural-solver fits with the DEQ's training (`deq_jax.training.alternating`).
 
-Files in the workdir: ``checkpoints/`` (orbax), ``metrics.jsonl``, ``tensorboard/``,
+Files in the workdir: ``checkpoints/`` (orbax), ``checkpoints_best/`` (the best
+state and its record), ``metrics.jsonl``, ``tensorboard/``,
 ``length_generalization.json`` (with ``train_seconds``, the wall time of the training
 loop, summed over the invocations that continued a finished run), ``config.json`` and
 ``data/`` (generated data, unless ``task.data_dir`` is set).
@@ -45,6 +48,7 @@ from deq_jax.training.nonfinite import (  # NonFiniteLossError: re-exported for 
     logged,
 )
 from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import setup
 from deq_jax.training.solver_fit import NeuralSolverSpec
@@ -59,9 +63,11 @@ class RunResult(NamedTuple):
     Attributes:
       state: the final train state (replicated over the mesh).
       step: the step training stopped at.
-      eval_metrics: ``{split: metrics}`` of the last evaluation at the eval budget.
-      report: ``{budget: {split: metrics}}`` of the final per-length report (``{}``
-        when the run stopped early through ``train.stop_at_step``).
+      eval_metrics: ``{split: metrics}`` of the last evaluation at the eval budget (at
+        the end of training: of the best checkpoint, which the report scores).
+      report: ``{budget: {split: metrics}}`` of the final per-length report of the
+        best checkpoint (``{}`` when the run stopped early through
+        ``train.stop_at_step``).
     """
 
     state: TrainState
@@ -117,13 +123,6 @@ def _write_config(config: Any, workdir: str) -> None:
         f.write(config_json(config))
 
 
-def _budgets(config: Any) -> dict[str, int]:
-    base = config.deq.train_max_iter
-    if not base:
-        raise ValueError("deq.train_max_iter must be set for the per-length report.")
-    return {f"{m}x": int(round(m * base)) for m in config.eval.budget_multipliers}
-
-
 def finished_report(
     workdir: str, report_file: str, start: int, steps: int, ckpt: Any, emit: Callable[[str], None]
 ) -> dict | None:
@@ -147,32 +146,6 @@ def finished_report(
         "further, or use a fresh --workdir."
     )
     return previous
-
-
-def _final_report(config, evaluator, state, splits, writer, emit) -> dict:
-    """The per-length report at every budget; written as ``{split}_{budget}`` metrics,
-    with one short line per budget and split as it goes. Every batch of each split
-    counts unless ``eval.report_max_batches`` caps them (a smoke run's seconds-long
-    report)."""
-    evaluator.max_batches = config.eval.get("report_max_batches", 0)
-    step = int(state.step)
-    report = evaluate.length_report(evaluator, state, splits, _budgets(config), emit=emit)
-    for budget, by_split in report.items():
-        for split, metrics in by_split.items():
-            writer.write(step, f"{split}_{budget}", metrics)
-    first = next(iter(next(iter(report.values())).values()))
-    keys = evaluate.headline_keys(first) + ["nstep_mean"]
-    emit(
-        "Per-length accuracy (budget = multiple of the train solver budget):\n"
-        + evaluate.format_report(report, keys)
-    )
-    return report
-
-
-def _eval_budget_name(config: Any) -> str | None:
-    """The report budget (``"1x"``, ...) equal to the eval budget, or ``None``."""
-    eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
-    return next((b for b, k in _budgets(config).items() if k == eval_budget), None)
 
 
 def _finished_result(workdir: str, splits, state: TrainState, step: int, report: dict):
@@ -306,16 +279,24 @@ def train_and_evaluate(
         process_count=jax.process_count(),
     )
 
-    def run_eval(step: int, full: bool) -> dict[str, dict]:
+    def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
+        """Every eval split of ``scored`` (default: the current state) at ``step``."""
         if full:
             evaluator.max_batches = 0
-        results = {}
+        results, evaluated = {}, state if scored is None else scored
         for split in eval_splits:
-            results[split] = metrics = evaluator.evaluate(state, split)
+            results[split] = metrics = evaluator.evaluate(evaluated, split)
             writer.write(step, split, metrics)
             emit(f"eval step {step} {split}: {evaluate.short_metrics(metrics)}")
         progress.restart_clock(step)
         return results
+
+    def select(step: int, results: dict[str, dict]) -> None:
+        """Offers ``state`` to the best checkpoint, scored on the selection split as
+        the periodic evaluation scores it (its split evaluated if ``results`` lack it)."""
+        evaluator.max_batches = config.eval.max_batches
+        metrics = results.get(best.rule.split) or evaluator.evaluate(state, best.rule.split)
+        best.offer(step, state, best.rule.score(metrics))
 
     nonfinite = NonFiniteSteps(
         tc.get("max_nonfinite_steps", 1),  # 1: a config written before the key stops as it did
@@ -326,6 +307,7 @@ def train_and_evaluate(
     )
     history: list[dict[str, Any]] = []
     eval_metrics: dict[str, dict] = {}
+    best = BestCheckpoint(workdir, SelectionRule.from_config(config.eval, task), emit)
     began = time.perf_counter()
     try:
         for step in range(start + 1, stop + 1):
@@ -353,6 +335,7 @@ def train_and_evaluate(
                 history = []
             if config.eval.every_steps and step % config.eval.every_steps == 0 and step < total:
                 eval_metrics = run_eval(step, full=False)
+                select(step, eval_metrics)
             if not skipped:  # the latest checkpoint stays the last good one
                 ckpt.maybe_save(step, state)
         last_step = max(stop, start)
@@ -363,18 +346,24 @@ def train_and_evaluate(
             train_seconds += previous.get("train_seconds") or 0.0
         report: dict[str, dict[str, dict]] = {}
         if last_step >= total:
-            same = _eval_budget_name(config)
+            select(last_step, {})
+            scored = state if best.step in (None, last_step) else best.restore(state)
+            same = evaluate.eval_budget_name(config)
             eval_budget = config.deq.eval_max_iter or config.deq.train_max_iter
             emit(
-                f"Final evaluation at step {last_step}: "
+                f"Final evaluation at step {last_step} of {best.describe()}: "
                 + ("" if same else f"the eval budget ({eval_budget} iterations), then ")
-                + f"budgets {_budgets(config)}, a line per split:"
+                + f"budgets {evaluate.report_budgets(config)}, a line per split:"
             )
             if not same:
-                eval_metrics = run_eval(last_step, full=True)
-            report = _final_report(config, evaluator, state, task.eval_splits, writer, emit)
+                eval_metrics = run_eval(last_step, full=True, scored=scored)
+            report = evaluate.final_report(
+                config, evaluator, scored, task.eval_splits, writer, emit, last_step
+            )
             if lead:
-                extra = {"step": last_step, "budgets": _budgets(config)}
+                extra = dict(
+                    step=last_step, budgets=evaluate.report_budgets(config), best=best.record
+                )
                 path = evaluate.write_report(
                     workdir, report, {**extra, "train_seconds": train_seconds}
                 )
@@ -385,5 +374,6 @@ def train_and_evaluate(
                     writer.write(last_step, split, metrics)
     finally:
         ckpt.close()
+        best.close()
         writer.close()
     return RunResult(state=state, step=last_step, eval_metrics=eval_metrics, report=report)

@@ -123,6 +123,8 @@ class ClrsTask(Task):
                 f"output {self.output!r}."
             )
 
+    selection_metric = ("score", "max")  # CLRS selects on the val score
+
     @property
     def num_classes(self) -> int:
         """Classes per output position (see the class docstring)."""
