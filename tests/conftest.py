@@ -1,4 +1,4 @@
-"""Shared fixtures: float64 on demand, small reference problems.
+"""Shared fixtures and helpers: float64 on demand, running a launch module as a command.
 
 Compilation settings for the suite, applied before JAX starts its backend:
 
@@ -10,9 +10,14 @@ Compilation settings for the suite, applied before JAX starts its backend:
   here.
 * ``DEQ_JAX_TEST_CACHE=<dir>`` turns on JAX's persistent compilation cache in ``<dir>``,
   so a second run of the suite skips most compilation (about 4x less CPU time).
+
 """
 
 import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _LEVEL_FLAG = "--xla_backend_optimization_level"
 if _LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -42,3 +47,29 @@ def dtype(request):
             yield request.param
     else:
         yield request.param
+
+
+def run_module(module, *args, timeout=600):
+    """Runs ``python -m module *args`` from the repository root, as a user would.
+
+    The repository is put first on ``PYTHONPATH`` so that the subprocess imports this
+    checkout's ``deq_jax``, ``configs`` and ``launch``. Tests import it with
+    ``from conftest import run_module``.
+
+    Args:
+      module: the module to run, e.g. ``"launch.main"``.
+      *args: its command-line arguments.
+      timeout: seconds before the run is killed (``subprocess.TimeoutExpired``).
+
+    Returns:
+      The ``subprocess.CompletedProcess``, with ``stdout`` and ``stderr`` as text.
+    """
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
