@@ -18,6 +18,7 @@ from deq_jax.training.lm_generate import generate
 from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
 from deq_jax.training.lm_train import REPORT_FILE, train_language_model
+from launch import multiprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = (
@@ -227,8 +228,7 @@ print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses,
 
 
 def _run_devices(devices, workdir, corpus):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = multiprocess.process_env(devices)  # keeps the suite's XLA_FLAGS (conftest)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-c", _MULTI, str(workdir), corpus],
