@@ -1,4 +1,4 @@
-"""Shared fixtures: float64 on demand, small reference problems.
+"""Shared fixtures and helpers: float64 on demand, running a launch module as a command.
 
 Compilation settings for the suite, applied before JAX starts its backend:
 
@@ -10,9 +10,22 @@ Compilation settings for the suite, applied before JAX starts its backend:
   here.
 * ``DEQ_JAX_TEST_CACHE=<dir>`` turns on JAX's persistent compilation cache in ``<dir>``,
   so a second run of the suite skips most compilation (about 4x less CPU time).
+
+Order of the modules under ``-n 2 --dist loadscope`` (the CI command): xdist hands out
+whole modules, and by default sorts them by their number of tests, most first. That put
+the few-test end-to-end modules, the longest of the suite, last, where one worker ran
+them alone while the other had finished. Here the modules of `LONGEST_MODULES` go
+first, longest first, and the rest follow by number of tests as before (longest
+processing time first), so that the last minutes hold short modules for both workers.
+A plain run (no ``-n``) keeps the file order.
 """
 
+import collections
 import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _LEVEL_FLAG = "--xla_backend_optimization_level"
 if _LEVEL_FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -25,6 +38,52 @@ if os.environ.get("DEQ_JAX_TEST_CACHE"):
     jax.config.update("jax_compilation_cache_dir", os.environ["DEQ_JAX_TEST_CACHE"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# The default suite's longest modules, longest first, by the CPU seconds of
+# ``python -m pytest -q -n 0 tests/<module>`` on the shared 2-core machine
+# (BUILD_NOTES.md, "Build and test"): every measured module of 15 s or more. A module
+# missing here only loses its early start.
+LONGEST_MODULES = (
+    "test_neural_solver_launch.py",  # 137 s: the digits DEQ, its hypersolver, the sweep
+    "test_mdeq_training.py",  # 119 s
+    "test_path_independence_training.py",  # 102 s
+    "test_maze_model.py",  # 89 s
+    "test_training_multihost.py",  # 65 s
+    "test_clrs_launch.py",  # 63 s
+    "test_mdeq_step_cost.py",  # 61 s
+    "test_training_multidevice.py",  # 47 s
+    "test_properties.py",  # 32 s
+    "test_neural_solver_multiscale.py",  # 21 s
+    "test_benchmark_solvers.py",  # 21 s
+    "test_analysis_trajectory.py",  # 20 s
+    "test_readme.py",  # 20 s
+    "test_solvers_unrolled.py",  # 15 s
+    "test_training_nonfinite.py",  # 15 s
+)
+
+
+def pytest_configure(config):
+    """Turns off xdist's by-count module order, which `pytest_collection_modifyitems`
+    replaces (the option exists only where pytest-xdist is installed)."""
+    if getattr(config.option, "dist", "no") == "loadscope":
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m "not slow"`` has deselected its tests
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker, orders the modules: `LONGEST_MODULES` first in their order,
+    then the others by number of tests, most first; a module's tests keep their order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    modules = [item.nodeid.split("::")[0] for item in items]
+    counts = collections.Counter(modules)
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    keys = {
+        module: (rank.get(os.path.basename(module), len(rank)), -counts[module], module)
+        for module in counts
+    }
+    order = sorted(range(len(items)), key=lambda i: keys[modules[i]])
+    items[:] = [items[i] for i in order]
 
 
 @pytest.fixture
@@ -42,3 +101,29 @@ def dtype(request):
             yield request.param
     else:
         yield request.param
+
+
+def run_module(module, *args, timeout=600):
+    """Runs ``python -m module *args`` from the repository root, as a user would.
+
+    The repository is put first on ``PYTHONPATH`` so that the subprocess imports this
+    checkout's ``deq_jax``, ``configs`` and ``launch``. Tests import it with
+    ``from conftest import run_module``.
+
+    Args:
+      module: the module to run, e.g. ``"launch.main"``.
+      *args: its command-line arguments.
+      timeout: seconds before the run is killed (``subprocess.TimeoutExpired``).
+
+    Returns:
+      The ``subprocess.CompletedProcess``, with ``stdout`` and ``stderr`` as text.
+    """
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

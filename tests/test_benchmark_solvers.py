@@ -1,13 +1,11 @@
 """The solver benchmarks' problems and the per-step cost launcher."""
 
 import json
-import pathlib
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_module
 
 from launch import solver_problems
 from launch.solver_problems import make_problem
@@ -46,22 +44,11 @@ def test_over_active_prices_each_part_by_its_own_runs():
 def test_solver_step_cost_prints_one_ratio_per_solver():
     # A subprocess: the launch defines absl flags, which other launches imported by the
     # suite also define (the tests import only the flag-free launch.solver_problems).
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.solver_step_cost",
-            "--width=8",
-            "--batch=2",
-            "--steps=4",
-            "--repeats=1",
-        ],
-        cwd=pathlib.Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    ).stdout
+    proc = run_module(
+        "launch.solver_step_cost", "--width=8", "--batch=2", "--steps=4", "--repeats=1"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(rows) == 9 and rows[0]["solver"] == "fixed_point_iteration"
     assert "fallback(anderson, broyden)" in [r["solver"] for r in rows]

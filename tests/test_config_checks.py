@@ -1,10 +1,9 @@
 """Config-time errors fail at once, clearly, before any data or directory (issue 36)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_module
 
 from configs import prefix_sum
 from deq_jax.training import evaluate_checkpoint, train_and_evaluate
@@ -12,18 +11,6 @@ from deq_jax.training.setup import check_config
 from launch import main as launch_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cli(module, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def _config(**fields):
@@ -111,7 +98,7 @@ def test_evaluate_without_a_checkpoint_creates_and_generates_nothing(tmp_path):
 )
 def test_command_line_config_errors_are_one_line_and_fast(tmp_path, args, message):
     workdir = tmp_path / "w"
-    proc = _cli(
+    proc = run_module(
         "launch.main", "--config", "configs/prefix_sum.py:smoke", f"--workdir={workdir}", *args
     )
     assert proc.returncode == 2
@@ -121,11 +108,11 @@ def test_command_line_config_errors_are_one_line_and_fast(tmp_path, args, messag
 
 
 def test_command_line_empty_workdir_and_evaluate_without_checkpoint(tmp_path):
-    proc = _cli("launch.main", "--config", "configs/prefix_sum.py:smoke", "--workdir=")
+    proc = run_module("launch.main", "--config", "configs/prefix_sum.py:smoke", "--workdir=")
     assert proc.returncode == 2 and "FATAL config error: --workdir is empty" in proc.stderr
     assert "Traceback" not in proc.stderr
     workdir = tmp_path / "w"
-    proc = _cli(
+    proc = run_module(
         "launch.evaluate", "--config", "configs/prefix_sum.py:smoke", f"--workdir={workdir}"
     )
     assert proc.returncode == 2 and f"No checkpoint in {workdir}/checkpoints" in proc.stderr

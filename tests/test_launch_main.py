@@ -2,27 +2,14 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_module
 
 from configs import prefix_sum
 from launch import main as launch_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _cli(module, *args, timeout=600):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_override_keys_of_every_flag_form():
@@ -89,7 +76,7 @@ def test_unknown_override_names_valid_fields(key, message):
 
 
 def test_unknown_override_fails_at_once_on_the_command_line(tmp_path):
-    proc = _cli(
+    proc = run_module(
         "launch.main",
         "--config",
         "configs/prefix_sum.py:smoke",
@@ -105,7 +92,7 @@ def test_unknown_override_fails_at_once_on_the_command_line(tmp_path):
 
 
 def test_missing_workdir_is_a_usage_error():
-    proc = _cli("launch.main", "--config", "configs/prefix_sum.py:smoke", timeout=120)
+    proc = run_module("launch.main", "--config", "configs/prefix_sum.py:smoke", timeout=120)
     assert proc.returncode != 0 and "workdir" in proc.stderr
 
 
@@ -119,12 +106,12 @@ def test_train_then_evaluate_commands(tmp_path):
         workdir,
         f"--config.task.data_dir={tmp_path / 'data'}",
     ]
-    proc = _cli("launch.main", *common, "--config.deq.solver.name=broyden")
+    proc = run_module("launch.main", *common, "--config.deq.solver.name=broyden")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 6/6" in proc.stdout and "Per-length accuracy" in proc.stdout
     for name in ("metrics.jsonl", "length_generalization.json", "config.json"):
         assert os.path.exists(os.path.join(workdir, name))
-    proc = _cli(
+    proc = run_module(
         "launch.evaluate",
         *common,
         "--config.deq.solver.name=broyden",

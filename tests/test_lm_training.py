@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from conftest import run_module
 
 from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
 from deq_jax.training import writers
@@ -17,6 +18,7 @@ from deq_jax.training.lm_generate import generate
 from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
 from deq_jax.training.lm_train import REPORT_FILE, train_language_model
+from launch import multiprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = (
@@ -146,18 +148,6 @@ def test_generate_with_memory_and_warm_start(corpus, trained):
         generate(model, variables, np.array([vocab.size]), 2, key=jax.random.PRNGKey(0), seq_len=8)
 
 
-def _launch(module, *args):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
-
 @pytest.mark.slow
 def test_sample_launch_and_bad_prompt(corpus, trained):
     workdir, _, _ = trained
@@ -166,10 +156,10 @@ def test_sample_launch_and_bad_prompt(corpus, trained):
         f"--workdir={workdir}",
         f"--config.task.path={corpus}",
     ]
-    proc = _launch("launch.sample", *common, "--prompt=ROMEO:", "--length=20")
+    proc = run_module("launch.sample", *common, "--prompt=ROMEO:", "--length=20")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ROMEO:" in proc.stdout and "solver steps per token" in proc.stdout
-    bad = _launch("launch.sample", *common, "--prompt=ROMEO: \u00a7", "--length=5")
+    bad = run_module("launch.sample", *common, "--prompt=ROMEO: \u00a7", "--length=5")
     assert bad.returncode != 0 and "\u00a7" in bad.stderr
 
 
@@ -238,8 +228,7 @@ print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses,
 
 
 def _run_devices(devices, workdir, corpus):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env = multiprocess.process_env(devices)  # keeps the suite's XLA_FLAGS (conftest)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-c", _MULTI, str(workdir), corpus],

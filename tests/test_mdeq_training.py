@@ -1,5 +1,6 @@
 """MDEQ end to end: the Fashion-MNIST config on small idx files, the weight-tied warm-up,
-the neural solver on its multiscale state, the step-cost tool and the configs."""
+the neural solver on its multiscale state and the configs (the step-cost tool on MDEQ:
+`test_mdeq_step_cost.py`)."""
 
 import json
 import os
@@ -15,7 +16,6 @@ from configs import (
     mdeq_fashion_mnist_hypersolver,
 )
 from deq_jax.training import train_and_evaluate, train_hypersolver, writers
-from launch import step_cost
 
 SIZE = 8  # 8x8 images keep the run to seconds; the config's 28 is checked below
 
@@ -67,24 +67,6 @@ def test_neural_solver_fits_the_multiscale_state(trained, tmp_path):
         [SIZE // 2, SIZE // 2, channels[1]],
     ]
     assert set(run.solvers) == {"hyper_anderson"} and run.report["param_fraction"] > 0
-
-
-def test_step_cost_reports_memory_flat_for_the_implicit_backward(trained, tmp_path):
-    config = trained[0]
-    shape = [SIZE, SIZE, 1]
-    ift = step_cost.measure(config, str(tmp_path), [2, 4], ["ift"], 0, True, shape)
-    assert all("train_seconds" not in r for r in ift)  # repeats=0: compile only
-    (unrolled,) = step_cost.measure(config, str(tmp_path), [4], ["unrolled"], 0, True, shape)
-    # The implicit backward's memory is flat in the budget; backprop keeps every iterate.
-    assert ift[0]["temp_bytes"] == ift[1]["temp_bytes"] < unrolled["temp_bytes"]
-    with pytest.raises(ValueError, match="--input_shape"):
-        step_cost.measure(config, str(tmp_path), [2], ["ift"], 1, synthetic=True)
-
-
-@pytest.mark.slow
-def test_step_cost_times_train_and_eval(trained, tmp_path):
-    (row,) = step_cost.measure(trained[0], str(tmp_path), [2], ["ift"], 1, True, [SIZE, SIZE, 1])
-    assert row["train_images_per_second"] > 0 and row["eval_images_per_second"] > 0
 
 
 def test_warm_up_needs_a_weight_tied_mode(tmp_path):

@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from launch import multiprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _SCRIPT = """
@@ -54,9 +56,7 @@ print("RESULT " + json.dumps(result))
 
 
 def _run(devices, workdir, data_dir):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["JAX_PLATFORMS"] = "cpu"
+    env = multiprocess.process_env(devices)  # keeps the suite's XLA_FLAGS (conftest)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     proc = subprocess.run(
         [sys.executable, "-c", _SCRIPT, str(workdir), str(data_dir)],
