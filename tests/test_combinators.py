@@ -236,10 +236,15 @@ def _switching_cell(z, args):
 @pytest.mark.parametrize(
     "composed",
     [
-        S.sequence((S.fixed_point_iteration(), 3), (S.broyden(), 0), (S.anderson(m=3), 4),
-                   S.anderson(tol=1e-30, max_iter=25)),
-        S.fallback(primary=S.anderson(m=5, lam=0.0, tol=1e-30, max_iter=25),
-                   backup=S.broyden(), patience=4),
+        S.sequence(
+            (S.fixed_point_iteration(), 3),
+            (S.broyden(), 0),
+            (S.anderson(m=3), 4),
+            S.anderson(tol=1e-30, max_iter=25),
+        ),
+        S.fallback(
+            primary=S.anderson(m=5, lam=0.0, tol=1e-30, max_iter=25), backup=S.broyden(), patience=4
+        ),
         S.restart(S.anderson(m=5, lam=1e-4, tol=1e-30, max_iter=25, stop_mode="abs"), 3),
     ],
     ids=lambda s: s.name,
