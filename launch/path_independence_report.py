@@ -377,6 +377,7 @@ def main(argv: Sequence[str]) -> None:
 
         scale = study.SCALES["smoke" if flag.smoke else flag.study_scale]
         emit = lambda line: print(line, flush=True)
+        runner.enable_compilation_cache(os.path.join(workdir, "jax_cache"))
         runner.run_study(workdir, scale, tuple(flag.tasks), emit=emit)
         return
     run_report(

@@ -163,7 +163,7 @@ def study_row(spec: study.RunSpec, scale: study.StudyScale, root: str, emit) -> 
     workdir = os.path.join(root, spec.task, spec.name)
     config = study.spec_config(spec, scale, os.path.join(root, "data"))
     metric = study.TASK_SPLITS[spec.task]["metric"]
-    fit = study.train_until_fit(
+    fit = train_until_fit(
         config,
         workdir,
         split=scale.fit_split(spec.task),
@@ -272,7 +272,9 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], scale: study.S
 def enable_compilation_cache(directory: str) -> None:
     """Turns on JAX's persistent compilation cache in ``directory`` unless one is set:
     each chunk of `train_until_fit` is a fresh `train_and_evaluate` call, which would
-    otherwise compile the same train and eval steps again."""
+    otherwise compile the same eval steps again (a train step with host callbacks is
+    compiled each time regardless). The command line calls it, not `run_study`: it is
+    process-wide."""
     if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
@@ -287,7 +289,6 @@ def run_study(
 ) -> dict[str, Any]:
     """Runs (or resumes) the study in ``root``; returns ``dict(rows, summary, figures)``."""
     os.makedirs(root, exist_ok=True)
-    enable_compilation_cache(os.path.join(root, "jax_cache"))
     done = {(r["task"], r["name"]) for r in read_rows(root)}
     specs = study.study_specs(scale, tasks)
     for i, spec in enumerate(specs):
