@@ -173,7 +173,7 @@ def _shared(chunk: int, eval_batch: int) -> dict[str, Any]:
 
 
 # A few minutes per prefix-sum run on a shared 2-core CPU (16 channels, one block, no
-# norm layer; 16-bit strings, tested on 64), a 1,600-step cap, fit at 95% of strings.
+# norm layer; 8-bit strings, tested on 32), a 1,200-step cap, fit at 95% of strings.
 CPU_SCALE = StudyScale(
     name="cpu",
     prefix_sum={
@@ -194,10 +194,10 @@ CPU_SCALE = StudyScale(
         "train.batch_size": 16,
         "train.warmup_steps": 50,
     },
-    train_lengths={"prefix_sum": (16, 64), "mazes": (5, 9)},
-    depths=(8, 16),
+    train_lengths={"prefix_sum": (8, 32), "mazes": (5, 9)},
+    depths=(6, 12),
     chunk_steps=400,
-    cap_steps=1600,
+    cap_steps=1200,
     fit_threshold=0.95,
     intervened_bases=1,
 )

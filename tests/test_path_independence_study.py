@@ -30,10 +30,10 @@ def test_study_specs_put_interventions_after_their_base():
     specs = study.study_specs(study.CPU_SCALE)
     names = [s.name for s in specs]
     assert names[:4] == [
-        "ub_fpi_d8_lr1e-03",
-        "ub_fpi_d8_lr1e-03+mixed_init",
-        "ub_fpi_d8_lr1e-03+random_depth",
-        "ub_fpi_d8_lr1e-03+alignment",
+        "ub_fpi_d6_lr1e-03",
+        "ub_fpi_d6_lr1e-03+mixed_init",
+        "ub_fpi_d6_lr1e-03+random_depth",
+        "ub_fpi_d6_lr1e-03+alignment",
     ]
     assert sum(s.task == "prefix_sum" and not s.intervention for s in specs) == 16
     assert sum(s.task == "mazes" and not s.intervention for s in specs) == 8
@@ -65,8 +65,8 @@ def test_run_spec_overrides():
 def test_spec_config_sizes_and_fit_split(tmp_path):
     spec = study.study_specs(study.CPU_SCALE)[0]
     config = study.spec_config(spec, study.CPU_SCALE, str(tmp_path))
-    assert tuple(config.task.test_lengths) == (16, 64) and config.task.train_length == 16
-    assert tuple(config.eval.splits) == ("test_16",)
+    assert tuple(config.task.test_lengths) == (8, 32) and config.task.train_length == 8
+    assert tuple(config.eval.splits) == ("test_8",)
     assert config.train.steps == study.CPU_SCALE.cap_steps
     assert config.eval.every_steps == config.ckpt.every_steps == study.CPU_SCALE.chunk_steps
     assert config.model.norm == "" and config.model.width == 16
