@@ -173,12 +173,12 @@ def _shared(chunk: int, eval_batch: int) -> dict[str, Any]:
 
 
 # A few minutes per prefix-sum run on a shared 2-core CPU (16 channels, one block, no
-# norm layer; 8-bit strings, tested on 32), a 1,200-step cap, fit at 95% of strings.
+# norm layer; 2,048 12-bit strings, tested on 48), a 1,200-step cap, fit at 95%.
 CPU_SCALE = StudyScale(
     name="cpu",
     prefix_sum={
         "model.norm": "",
-        "task.train_size": 4096,
+        "task.train_size": 2048,
         "task.test_size": 200,
         "model.width": 16,
         "model.num_blocks": 1,
@@ -194,7 +194,7 @@ CPU_SCALE = StudyScale(
         "train.batch_size": 16,
         "train.warmup_steps": 50,
     },
-    train_lengths={"prefix_sum": (8, 32), "mazes": (5, 9)},
+    train_lengths={"prefix_sum": (12, 48), "mazes": (5, 9)},
     depths=(6, 12),
     chunk_steps=400,
     cap_steps=1200,

@@ -65,8 +65,8 @@ def test_run_spec_overrides():
 def test_spec_config_sizes_and_fit_split(tmp_path):
     spec = study.study_specs(study.CPU_SCALE)[0]
     config = study.spec_config(spec, study.CPU_SCALE, str(tmp_path))
-    assert tuple(config.task.test_lengths) == (8, 32) and config.task.train_length == 8
-    assert tuple(config.eval.splits) == ("test_8",)
+    assert tuple(config.task.test_lengths) == (12, 48) and config.task.train_length == 12
+    assert tuple(config.eval.splits) == ("test_12",)
     assert config.train.steps == study.CPU_SCALE.cap_steps
     assert config.eval.every_steps == config.ckpt.every_steps == study.CPU_SCALE.chunk_steps
     assert config.model.norm == "" and config.model.width == 16
