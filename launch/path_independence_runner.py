@@ -144,7 +144,8 @@ def analyse_spec(spec: study.RunSpec, config: Any, scale: study.StudyScale, work
     )
     table = result["table"]
     curves = _curves(result, metric, scale.multipliers, spec.depth)
-    drops = {split: max(c.values()) - list(c.values())[-1] for split, c in curves.items()}
+    top = f"{scale.multipliers[-1]}x"
+    drops = {split: max(c.values()) - c[top] for split, c in curves.items()}
     return dict(
         aa=table["aa"],
         aa_fit_split=result["aa"][scale.fit_split(spec.task)]["aa"],

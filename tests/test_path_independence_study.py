@@ -69,7 +69,7 @@ def test_spec_config_sizes_and_fit_split(tmp_path):
     assert tuple(config.eval.splits) == ("test_12",)
     assert config.train.steps == study.CPU_SCALE.cap_steps
     assert config.eval.every_steps == config.ckpt.every_steps == study.CPU_SCALE.chunk_steps
-    assert config.model.norm == "" and config.model.width == 16
+    assert config.model.norm == "" and config.model.width == 32
     assert config.task.data_dir == str(tmp_path)
     maze = study.maze_grid(study.CPU_SCALE.depths)[0]
     config = study.spec_config(maze, study.CPU_SCALE)
