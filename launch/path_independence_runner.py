@@ -187,13 +187,22 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def _spearman(rows: list[dict[str, Any]]) -> float:
+    """Spearman of AA with accuracy over ``rows`` (NaN for fewer than two)."""
+    if len(rows) < 2:
+        return float("nan")
+    return report.spearman([r["aa"] for r in rows], [r["accuracy"] for r in rows])
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per task: the correlation over fitted runs, the path-dependent fitted runs, the
-    runs whose accuracy falls, and the interventions' effects (see the module docstring)."""
+    """Per task: the correlation over fitted runs (and, for comparison, over every
+    analysed run), the path-dependent fitted runs, the runs whose accuracy falls, and the
+    interventions' effects (see the module docstring)."""
     summary = {}
     for task in dict.fromkeys(r["task"] for r in rows):
         rows_t = [r for r in rows if r["task"] == task]
-        fitted = [r for r in rows_t if r["fit"] and _finite(r.get("aa"))]
+        analysed = [r for r in rows_t if _finite(r.get("aa"))]
+        fitted = [r for r in analysed if r["fit"]]
         by_name = {r["name"]: r for r in rows_t}
         effects = []
         for r in rows_t:
@@ -215,9 +224,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             runs=len(rows_t),
             fit=len(fitted),
             fit_aa_below=sum(r["aa"] < AA_PATH_DEPENDENT for r in fitted),
-            spearman=report.spearman([r["aa"] for r in fitted], [r["accuracy"] for r in fitted])
-            if len(fitted) > 1
-            else float("nan"),
+            spearman=_spearman(fitted),
+            spearman_all=_spearman(analysed),
             falls=[r["name"] for r in rows_t if r.get("falls")],
             interventions=effects,
         )
@@ -252,7 +260,8 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], scale: study.S
         lines += [
             "",
             f"Spearman(AA, {target} accuracy at {mults[-1]}) over the {s['fit']} runs that "
-            f"fit: {_cell(s['spearman'])}; fitted runs with AA < {AA_PATH_DEPENDENT}: "
+            f"fit: {_cell(s['spearman'])} (over all {s['runs']} runs: "
+            f"{_cell(s['spearman_all'])}); fitted runs with AA < {AA_PATH_DEPENDENT}: "
             f"{s['fit_aa_below']}; accuracy falls past the training depth (>= {FALL} below "
             f"its best budget at {mults[-1]}): {', '.join(s['falls']) or 'none'}.",
             "",

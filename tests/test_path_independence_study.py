@@ -122,6 +122,9 @@ def test_summarise_counts_and_correlates_fitted_runs_only():
     # AA ranks 1,3,2,4,5 (0.5, 0.95, 0.8, 0.99, 0.999) against accuracy ranks 1,4,3,2,5:
     # d = 0,-1,-1,2,0, rho = 1 - 6 * 6 / (5 * 24) = 0.7.
     assert summary["spearman"] == pytest.approx(0.7)
+    # With e: AA ranks 2,4,3,5,6,1 against accuracy ranks 1,4,3,2,5,6: d = 1,0,0,3,1,-5,
+    # rho = 1 - 6 * 36 / (6 * 35).
+    assert summary["spearman_all"] == pytest.approx(1 - 6 * 36 / 210)
     assert summary["fit"] == 5 and summary["runs"] == 6
     assert summary["fit_aa_below"] == 2  # a (0.5) and b (0.8); e did not fit
     (effect,) = summary["interventions"]
@@ -134,7 +137,7 @@ def test_markdown_lists_every_run_and_the_summary():
     text = runner.markdown(rows, runner.summarise(rows), study.CPU_SCALE)
     for row in rows:
         assert f"| {row['name']} |" in text
-    assert "over the 5 runs that fit: 0.700" in text
+    assert "over the 5 runs that fit: 0.700 (over all 6 runs: -0.029)" in text
     assert "| a | mixed_init | 0.500 -> 0.950 | 0.100 -> 0.600 |" in text
 
 
