@@ -262,8 +262,8 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], scale: study.S
             f"Spearman(AA, {target} accuracy at {mults[-1]}) over the {s['fit']} runs that "
             f"fit: {_cell(s['spearman'])} (over all {s['runs']} runs: "
             f"{_cell(s['spearman_all'])}); fitted runs with AA < {AA_PATH_DEPENDENT}: "
-            f"{s['fit_aa_below']}; accuracy falls past the training depth (>= {FALL} below "
-            f"its best budget at {mults[-1]}): {', '.join(s['falls']) or 'none'}.",
+            f"{s['fit_aa_below']}; accuracy at {mults[-1]} at least {FALL} below the best budget's "
+            f"on a split (falls past the training depth): {', '.join(s['falls']) or 'none'}.",
             "",
         ]
         if s["interventions"]:
