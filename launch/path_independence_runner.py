@@ -309,6 +309,17 @@ def run_study(
         emit(f"  {json.dumps({k: row.get(k) for k in ('fit', 'steps', 'aa', 'accuracy')})}")
         with open(os.path.join(root, ROWS_FILE), "a") as f:
             f.write(json.dumps(row) + "\n")
+    out = write_summary(root, scale)
+    emit(
+        f"Wrote {ROWS_FILE}, {SUMMARY_FILE}, {TABLE_FILE} and {', '.join(out['figures'])} in {root}"
+    )
+    return out
+
+
+def write_summary(root: str, scale: study.StudyScale) -> dict[str, Any]:
+    """Sums up the rows finished so far in ``root`` (a study cut short included): writes
+    the summary, the markdown table and the figures; returns ``dict(rows, summary,
+    figures)``."""
     rows = read_rows(root)
     summary = summarise(rows)
     with open(os.path.join(root, SUMMARY_FILE), "w") as f:
@@ -316,5 +327,4 @@ def run_study(
     with open(os.path.join(root, TABLE_FILE), "w") as f:
         f.write(markdown(rows, summary, scale))
     figures = plots.write_study_figures(rows, summary, root)
-    emit(f"Wrote {ROWS_FILE}, {SUMMARY_FILE}, {TABLE_FILE} and {', '.join(figures)} in {root}")
     return dict(rows=rows, summary=summary, figures=figures)
