@@ -28,6 +28,14 @@ Usage::
     python -m launch.path_independence_report --workdir /tmp/pi_report \\
         --tasks=prefix_sum --sweep=6 --sweep_steps=500 --dependent_steps=500
 
+``--study`` runs the study grid instead (`launch.path_independence_study`: at least 16
+prefix-sum and 8 maze models, each trained until it fits or a step cap, then AA, attacked
+AA, accuracy at 1x-8x the training depth, Spearman over the fitted models, the
+interventions before and after; `launch.path_independence_runner`), resumable::
+
+    python -m launch.path_independence_report --workdir /tmp/pis --study \\
+        --tasks=prefix_sum,mazes --study_scale=cpu
+
 References:
   Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent
   Equilibrium Models Can Better Exploit Test-Time Computation", NeurIPS 2022.
@@ -67,6 +75,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("aa_batch", 100, "Examples per split for the AA scores.")
     flags.DEFINE_integer("attack_batch", 32, "Examples attacked per run.")
     flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
+    flags.DEFINE_boolean(
+        "study", False, "Run the study grid (launch.path_independence_study) instead."
+    )
+    flags.DEFINE_enum(
+        "study_scale", "cpu", ["cpu", "gpu"], "Sizes of the study runs (--smoke: tiny ones)."
+    )
 
 
 REPORT_FILE = "path_independence_report.json"
@@ -130,9 +144,9 @@ def task_config(task: str, overrides: dict[str, Any], smoke: bool = False) -> An
     return config
 
 
-def _budgets(config: Any) -> list[int]:
+def _budgets(config: Any, multipliers: Sequence[float] = BUDGET_MULTIPLIERS) -> list[int]:
     base = config.deq.train_max_iter
-    return sorted({max(1, int(round(m * base))) for m in BUDGET_MULTIPLIERS})
+    return sorted({max(1, int(round(m * base))) for m in multipliers})
 
 
 def _batch(run: Any, split: str, size: int) -> dict[str, np.ndarray]:
@@ -168,13 +182,15 @@ def analyse_run(
     key: jax.Array,
     aa_batch: int = 100,
     attack_batch: int = 32,
+    multipliers: Sequence[float] = BUDGET_MULTIPLIERS,
 ) -> dict:
-    """Test-time curve, AA per split, Table 1 row and per-instance AA of one run."""
+    """Test-time curve (at ``multipliers`` times the train budget), AA per split (at the
+    largest), Table 1 row and per-instance AA of one run."""
     from deq_jax.training import evaluate
 
     model, variables = run.model, run.state.variables()
     regression = getattr(run.task, "num_classes", None) is None
-    budgets = _budgets(config)
+    budgets = _budgets(config, multipliers)
     evaluator = evaluate.Evaluator(
         model, run.task, run.mesh, config.eval.batch_size, max_batches=config.eval.max_batches
     )
@@ -355,6 +371,15 @@ def main(argv: Sequence[str]) -> None:
     for task in flag.tasks:
         if task not in TASKS:
             raise app.UsageError(f"Unknown task {task!r}. Valid tasks: {', '.join(TASKS)}.")
+    if flag.study:
+        from launch import path_independence_runner as runner
+        from launch import path_independence_study as study
+
+        scale = study.SCALES["smoke" if flag.smoke else flag.study_scale]
+        emit = lambda line: print(line, flush=True)
+        runner.enable_compilation_cache(os.path.join(workdir, "jax_cache"))
+        runner.run_study(workdir, scale, tuple(flag.tasks), emit=emit)
+        return
     run_report(
         workdir,
         flag.tasks,
