@@ -13,9 +13,6 @@ One JSON line per measurement. The flags of `launch.benchmark_solvers` apply.
 
 from __future__ import annotations
 
-import json
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,6 +33,7 @@ from launch.benchmark_solvers import (
     relative_residual,
     timed,
 )
+from launch.solver_problems import header, json_lines
 
 _COMPOSED_NORMS = flags.DEFINE_list(
     "composed_norms", ["0.9", "1.5", "2.5", "3.0"], "Spectral norms of W."
@@ -134,30 +132,9 @@ def composed_benchmark(emit, width, batch, seed, repeats) -> None:
 
 def main(argv):
     del argv
-    out_file = None
-    if _OUTPUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-        out_file = open(_OUTPUT.value, "w")
-
-    def emit(row):
-        line = json.dumps(row)
-        print(line, flush=True)
-        if out_file:
-            out_file.write(line + "\n")
-
-    emit(
-        dict(
-            device=str(jax.devices()[0]),
-            jax=jax.__version__,
-            width=_WIDTH.value,
-            batch=_BATCH.value,
-            max_iter=_MAX_ITER.value,
-            repeats=_REPEATS.value,
-        )
-    )
-    composed_benchmark(emit, _WIDTH.value, _BATCH.value, _SEED.value, _REPEATS.value)
-    if out_file:
-        out_file.close()
+    with json_lines(_OUTPUT.value) as emit:
+        emit(header(_WIDTH.value, _BATCH.value, _MAX_ITER.value, _REPEATS.value))
+        composed_benchmark(emit, _WIDTH.value, _BATCH.value, _SEED.value, _REPEATS.value)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import optax
 from absl import app, flags
 
 import deq_jax as dj
-from launch.solver_problems import cell, make_problem
+from launch.solver_problems import cell, header, json_lines, make_problem
 
 _WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Batch size B.")
@@ -258,29 +258,8 @@ def plot_traces(traces: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(argv):
-    del argv
-    out_file = None
-    if _OUTPUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-        out_file = open(_OUTPUT.value, "w")
-
-    def emit(row):
-        line = json.dumps(row)
-        print(line, flush=True)
-        if out_file:
-            out_file.write(line + "\n")
-
-    emit(
-        dict(
-            device=str(jax.devices()[0]),
-            jax=jax.__version__,
-            width=_WIDTH.value,
-            batch=_BATCH.value,
-            max_iter=_MAX_ITER.value,
-            repeats=_REPEATS.value,
-        )
-    )
+def run_all(emit) -> dict:
+    """Every problem, tolerance and solver, then the memory rows; returns the traces."""
     traces = {}
     for problem in _PROBLEMS.value:
         w, inj = make_problem(problem, _WIDTH.value, _BATCH.value, _SEED.value)
@@ -310,8 +289,15 @@ def main(argv):
             emit(
                 dict(memory=True, **train_step_memory(budget, backward, _WIDTH.value, _BATCH.value))
             )
-    if out_file:
-        out_file.close()
+    return traces
+
+
+def main(argv):
+    del argv
+    with json_lines(_OUTPUT.value) as emit:
+        emit(header(_WIDTH.value, _BATCH.value, _MAX_ITER.value, _REPEATS.value))
+        traces = run_all(emit)
+    if _OUTPUT.value:
         png = os.path.splitext(_OUTPUT.value)[0] + "_residuals.png"
         plot_traces(traces, png)
         print(json.dumps(dict(plot=png)))

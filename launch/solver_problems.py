@@ -3,7 +3,8 @@
 The DEQ cell z = tanh(W z + U x + b) on a batch of independent problems: ``easy`` (W
 Gaussian with spectral norm 0.9), ``hard`` (W symmetric with spectral norm 0.99 and a
 weak injection: plain iteration is slow) and ``norm<value>`` (the easy draw of W scaled
-to that spectral norm), and `over_active`, the price of a composed solver's step.
+to that spectral norm); `over_active`, the price of a composed solver's step; and the
+output the launches share (`json_lines`, `header`).
 `launch.benchmark_solvers`, `launch.benchmark_composed` and
 `launch.solver_step_cost` share them; flags live in those launches, so importing this
 module (as the tests do) defines none.
@@ -11,6 +12,9 @@ module (as the tests do) defines none.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import statistics
 
 import jax
@@ -73,3 +77,40 @@ def over_active(times: dict, name: str, parts: dict, steps: int) -> float:
         for i, total in enumerate(times[name])
     ]
     return statistics.median(ratios)
+
+
+@contextlib.contextmanager
+def json_lines(path: str):
+    """Yields ``emit(row)``: prints ``row`` as one JSON line, and writes it to ``path`` too.
+
+    The launches' output format: one JSON object per line on stdout and, with a
+    ``path`` (empty: none; its folder is created), the same lines in that file.
+    """
+    out_file = None
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        out_file = open(path, "w")
+
+    def emit(row: dict) -> None:
+        line = json.dumps(row)
+        print(line, flush=True)
+        if out_file:
+            out_file.write(line + "\n")
+
+    try:
+        yield emit
+    finally:
+        if out_file:
+            out_file.close()
+
+
+def header(width: int, batch: int, max_iter: int, repeats: int) -> dict:
+    """The first line of a benchmark's output: the machine, jax and the sizes."""
+    return dict(
+        device=str(jax.devices()[0]),
+        jax=jax.__version__,
+        width=width,
+        batch=batch,
+        max_iter=max_iter,
+        repeats=repeats,
+    )

@@ -80,6 +80,14 @@ def test_sequence_of_one_solver_and_bad_stages():
         S.sequence(("anderson", 2), S.broyden())
     with pytest.raises(ValueError, match="one step count per solver"):
         S.sequence(solvers=(S.anderson(), S.broyden()), steps=())
+    with pytest.raises(
+        TypeError, match=r"Unknown sequence keyword\(s\) \['memory'\]; valid: solvers"
+    ):
+        S.sequence(S.anderson(), memory=3)
+    with pytest.raises(
+        TypeError, match=r"Unknown restart keyword\(s\) \['m'\]; valid: solver, pat"
+    ):
+        S.restart(S.anderson(), 3, m=4)
 
 
 # Rows in BAD: the affine map f(z) = z / 2 + c with c = +-1/8 per entry (fixed point 2c).

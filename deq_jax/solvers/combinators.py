@@ -45,6 +45,19 @@ def check_part(value: Any, what: str) -> Solver:
     return value
 
 
+def check_keywords(name: str, hyper: dict, fields: tuple[str, ...]) -> None:
+    """A `TypeError` naming the unknown budget keywords of combinator ``name``, if any.
+
+    ``hyper`` holds the keywords given besides the combinator's own ``fields``; only the
+    budget keywords (``tol``, ``max_iter``, ``stop_mode``, ``full_budget``) are valid.
+    """
+    unknown = sorted(set(hyper) - set(_HYPER))
+    if unknown:
+        raise TypeError(
+            f"Unknown {name} keyword(s) {unknown}; valid: {', '.join((*fields, *_HYPER))}."
+        )
+
+
 def stop_residual(solver: Solver, z: jax.Array, fz: jax.Array) -> jax.Array:
     """``[B]``: the residual of ``z`` in ``solver``'s stop mode (as the loop books it)."""
     abs_res, rel_res = residuals(z, fz)
@@ -144,12 +157,7 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
                 )
             stages = (*zip(solvers[:-1], steps, strict=True), *solvers[-1:])
         parts, counts = _stages(tuple(stages))
-        unknown = sorted(set(hyper) - set(_HYPER))
-        if unknown:
-            raise TypeError(
-                f"Unknown sequence keyword(s) {unknown}; valid: solvers, steps, "
-                f"{', '.join(_HYPER)}."
-            )
+        check_keywords("sequence", hyper, ("solvers", "steps"))
         object.__setattr__(self, "solvers", parts)
         object.__setattr__(self, "steps", counts)
         for name in _HYPER:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from deq_jax.solvers.base import Phase, Solver
 from deq_jax.solvers.combinators import (
+    check_keywords,
     check_part,
     inherit_hyper,
     propose_rows,
@@ -270,16 +271,10 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
     full_budget: bool | None = None
 
     def __init__(self, solver: Solver, patience: int = 10, **hyper: Any):
-        valid = ("tol", "max_iter", "stop_mode", "full_budget")
-        unknown = sorted(set(hyper) - set(valid))
-        if unknown:
-            raise TypeError(
-                f"Unknown restart keyword(s) {unknown}; valid: solver, patience, "
-                f"{', '.join(valid)}."
-            )
+        check_keywords("restart", hyper, ("solver", "patience"))
         object.__setattr__(self, "solver", solver)
         object.__setattr__(self, "patience", patience)
-        for name in valid:
+        for name in ("tol", "max_iter", "stop_mode", "full_budget"):
             object.__setattr__(self, name, hyper.get(name))
         self.__post_init__()
 
