@@ -21,6 +21,7 @@ A plain run (no ``-n``) keeps the file order.
 """
 
 import collections
+import json
 import os
 import subprocess
 import sys
@@ -101,6 +102,29 @@ def dtype(request):
             yield request.param
     else:
         yield request.param
+
+
+def run_on_devices(script: str, *args, devices: int, timeout: int = 600) -> dict:
+    """Runs ``python -c script *args`` on ``devices`` simulated CPU devices.
+
+    The subprocess keeps the suite's ``XLA_FLAGS`` (`launch.multiprocess.process_env`)
+    and must print one line ``RESULT <json>``; the last such line is returned, parsed.
+    """
+    from launch import multiprocess  # here: its absl flags only for the tests that use it
+
+    env = multiprocess.process_env(devices)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])
 
 
 def run_module(module, *args, timeout=600):

@@ -4,13 +4,11 @@ the errors a user meets first."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
-from conftest import run_module
+from conftest import run_module, run_on_devices
 
 from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
 from deq_jax.training import writers
@@ -18,7 +16,6 @@ from deq_jax.training.lm_generate import generate
 from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
 from deq_jax.training.lm_train import REPORT_FILE, train_language_model
-from launch import multiprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = (
@@ -228,19 +225,7 @@ print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses,
 
 
 def _run_devices(devices, workdir, corpus):
-    env = multiprocess.process_env(devices)  # keeps the suite's XLA_FLAGS (conftest)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", _MULTI, str(workdir), corpus],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
+    return run_on_devices(_MULTI, workdir, corpus, devices=devices)
 
 
 @pytest.mark.slow

@@ -5,14 +5,13 @@ the evaluation path every report uses."""
 
 import json
 import os
-import subprocess
-import sys
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_on_devices
 
 from configs import synthetic_1d
 from deq_jax import tasks
@@ -288,20 +287,7 @@ print("RESULT " + json.dumps({"best": test_selection.selection.read_best_record(
 
 
 def _on_devices(devices, workdir):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    proc = subprocess.run(
-        [sys.executable, "-c", _DEVICES_SCRIPT, str(workdir)],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
+    return run_on_devices(_DEVICES_SCRIPT, workdir, devices=devices)
 
 
 @pytest.mark.slow  # two subprocesses; the 1-vs-8 device losses are in CI

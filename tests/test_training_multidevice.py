@@ -4,17 +4,9 @@ Each run is a subprocess because the device count is fixed when JAX starts
 (``XLA_FLAGS=--xla_force_host_platform_device_count=8``).
 """
 
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-
-from launch import multiprocess
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import run_on_devices
 
 _SCRIPT = """
 import json, sys
@@ -56,19 +48,7 @@ print("RESULT " + json.dumps(result))
 
 
 def _run(devices, workdir, data_dir):
-    env = multiprocess.process_env(devices)  # keeps the suite's XLA_FLAGS (conftest)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(workdir), str(data_dir)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT ") :])
+    return run_on_devices(_SCRIPT, workdir, data_dir, devices=devices)
 
 
 @pytest.fixture(scope="module")
