@@ -36,6 +36,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
             seed=0,
             train_sigma=0.5,
             test_sigmas=(0.5, 1.0, 1.5),
+            # "valid": training digits cut out for model selection (None: 180 for
+            # digits, 0 for mnist, which has none).
+            valid_size=None,
         )
     )
     # Group norm keeps the cell convergent, mixed initialisation makes the fixed point

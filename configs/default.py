@@ -203,6 +203,7 @@ def get_config() -> ConfigDict:
             train_length=32,
             test_lengths=(16, 32, 48, 64),
             test_size=1_000,
+            val_size=1_000,  # "valid": new strings of train_length, for model selection
             files_dir="",  # easy-to-hard-data's {L}_data.npy / {L}_targets.npy, if set
         )
     )

@@ -38,6 +38,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             train_nodes=10,
             test_nodes=(10, 20, 40),
             test_size=500,
+            val_size=500,  # "valid": new graphs of train_nodes nodes, for model selection
             edge_prob=0.3,
             num_features=1,
             noise_std=0.1,
@@ -74,7 +75,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             eval_every=4,
             eval_batch_size=32,
             budgets=(6, 6),
-            task=dict(train_size=256, train_nodes=6, test_nodes=(9,), test_size=32),
+            task=dict(train_size=256, train_nodes=6, test_nodes=(9,), test_size=32, val_size=32),
             model=dict(width=8, hidden=16),
         )
     return config

@@ -39,6 +39,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             train_cond=(1.0, 5.0),
             test_conds=(2.0, 5.0, 10.0, 20.0, 50.0),
             test_size=1_000,
+            val_size=1_000,  # "valid": drawn as the training matrices, for model selection
             noise_std=0.01,
         )
     )
@@ -73,7 +74,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             eval_every=4,
             eval_batch_size=32,
             budgets=(6, 6),
-            task=dict(train_size=256, test_conds=(2.0, 20.0), test_size=64),
+            task=dict(train_size=256, test_conds=(2.0, 20.0), test_size=64, val_size=64),
             model=dict(width=16, hidden=32),
         )
     return config

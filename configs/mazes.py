@@ -64,6 +64,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             train_maze_size=9,
             test_maze_sizes=(9, 11, 13),
             test_size=200,
+            val_size=200,  # "valid": new 9x9 mazes, for model selection
             generator="random_start",
             files_dir="",
         )
@@ -114,7 +115,13 @@ def get_config(arg: str | None = None) -> ConfigDict:
             eval_every=2,
             eval_batch_size=16,
             budgets=(4, 8),
-            task=dict(train_size=64, train_maze_size=5, test_maze_sizes=(5, 7), test_size=16),
+            task=dict(
+                train_size=64,
+                train_maze_size=5,
+                test_maze_sizes=(5, 7),
+                test_size=16,
+                val_size=16,
+            ),
             model=dict(width=8, num_blocks=1),
             eval=dict(splits=("test_5", "test_7")),
         )

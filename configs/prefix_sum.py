@@ -50,7 +50,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
             eval_every=4,
             eval_batch_size=32,
             budgets=(6, 6),
-            task=dict(train_size=256, train_length=16, test_lengths=(16, 32), test_size=64),
+            task=dict(
+                train_size=256, train_length=16, test_lengths=(16, 32), test_size=64, val_size=64
+            ),
             model=dict(width=8, num_blocks=1),
         )
     return config

@@ -56,6 +56,30 @@ def test_rule_defaults_to_the_task_and_takes_the_config_keys():
         SelectionRule.from_config(dict(select_mode="up"), _Task())
 
 
+class _TaskWithValidation(_Task):
+    """A task whose validation split is not an eval split (prefix sums, mazes)."""
+
+    eval_splits = ("test_16", "test_32")
+    splits = ("train", "valid", "test_16", "test_32")
+    validation_split = "valid"
+
+
+def test_rule_defaults_to_the_validation_split_before_the_eval_splits():
+    task = _TaskWithValidation()
+    assert SelectionRule.from_config({"splits": ("test_16",)}, task).split == "valid"
+    assert SelectionRule.from_config({}, task).split == "valid"
+    assert SelectionRule.from_config(dict(select_split="test_32"), task).split == "test_32"
+    for name, fields in (
+        ("prefix_sum", dict(train_size=8, test_size=8, test_lengths=(16,), val_size=8)),
+        ("mazes", dict(train_size=8, test_size=8, test_maze_sizes=(5,), val_size=8)),
+        ("matrix_inversion", dict(train_size=8, test_size=8, val_size=8)),
+        ("edge_copy", dict(train_size=8, test_size=8, val_size=8)),
+        ("digits", {}),
+        ("blurry_digits", {}),
+    ):
+        assert SelectionRule.from_config({}, tasks.get(name, **fields)).split == "valid", name
+
+
 def test_task_defaults(tmp_path):
     (tmp_path / "text.txt").write_text("to be or not to be\n" * 50, encoding="utf-8")
     text = tasks.get("char_text", path=str(tmp_path / "text.txt"), data_dir=str(tmp_path))

@@ -29,14 +29,21 @@ def test_digits_splits_blur_levels_and_shapes():
     assert task.name == "blurry_digits" and task.num_classes == 10
     assert task.input_shape == (8, 8, 1)
     assert task.eval_splits == ("test_sigma0", "test_sigma0.5", "test_sigma1", "test_sigma2.5")
-    assert task.splits[0] == "train" and split_name(1.5) == "test_sigma1.5"
+    assert task.splits[:2] == ("train", "valid") and split_name(1.5) == "test_sigma1.5"
+    assert task.validation_split == "valid"
     plain = images.load_digits(0)
     np.testing.assert_array_equal(task.source("test_sigma0")["inputs"], plain["test"]["inputs"])
     np.testing.assert_array_equal(task.source("test_sigma1")["targets"], plain["test"]["targets"])
     np.testing.assert_allclose(
         task.source("train")["inputs"], blur(plain["train"]["inputs"], 0.5), atol=1e-6
     )
-    assert task.num_examples("train") == 1437 and task.num_examples("test_sigma2.5") == 360
+    np.testing.assert_allclose(  # validation images blurred as the training ones
+        task.source("valid")["inputs"], blur(plain["valid"]["inputs"], 0.5), atol=1e-6
+    )
+    assert task.num_examples("train") == 1257 and task.num_examples("test_sigma2.5") == 360
+    assert tasks.get("blurry_digits", valid_size=0).validation_split is None
+    with pytest.raises(ValueError, match="no validation split.*valid_size=0"):
+        tasks.get("blurry_digits", source="mnist", valid_size=10)
     contrast = [task.source(s)["inputs"].std(axis=(1, 2, 3)).mean() for s in task.eval_splits]
     assert all(a > b for a, b in zip(contrast, contrast[1:], strict=False))  # blurrier, flatter
 
@@ -50,7 +57,7 @@ def test_digits_iterators_and_metrics():
     assert batch["inputs"].shape == (64, 8, 8, 1) and batch["inputs"].dtype == np.float32
     resumed = next(task.train_iterator(64, seed=1, start_step=2))
     np.testing.assert_array_equal(resumed["inputs"], stream[2]["inputs"])
-    assert task.steps_per_epoch(64) == 1437 // 64
+    assert task.steps_per_epoch(64) == 1257 // 64
     batches = list(task.eval_iterator("test_sigma2", 100))
     assert len(batches) == 4 and int(sum(b["mask"].sum() for b in batches)) == 360
     targets = batches[-1]["targets"]
@@ -113,7 +120,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="distinct"):
         tasks.get("blurry_digits", test_sigmas=(1, 1.0))
     task = tasks.get("blurry_digits")
-    with pytest.raises(ValueError, match="Valid splits: train, test_sigma0.5, test_sigma1"):
+    with pytest.raises(ValueError, match="Valid splits: train, valid, test_sigma0.5, test_sigma1"):
         task.source("test")
     with pytest.raises(ValueError, match="logits"):
         task.metrics(np.zeros((4, 10)), np.zeros((4, 1), np.int32))

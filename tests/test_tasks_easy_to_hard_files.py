@@ -52,7 +52,7 @@ def _write_mazes(root, split, size, grids, paths):
     return folder
 
 
-GENERATED = MazeConfig(train_size=30, test_maze_sizes=(9, 13), test_size=10)
+GENERATED = MazeConfig(train_size=30, test_maze_sizes=(9, 13), test_size=10, val_size=0)
 
 
 @pytest.fixture
@@ -82,8 +82,15 @@ def test_maze_files_read_back_as_the_mazes_they_hold(maze_root):
         for key in ("grids", "paths"):
             np.testing.assert_array_equal(read[key], made[key])
     task = tasks.get(
-        "mazes", files_dir=maze_root, train_size=30, test_maze_sizes=(13,), test_size=10
+        "mazes", files_dir=maze_root, train_size=30, test_maze_sizes=(13,), test_size=10, val_size=5
     )
+    # "valid": the five mazes after the 30 training ones in the training folder.
+    more_train = generate_split(dataclasses.replace(GENERATED, train_size=35), "train")
+    valid = read_split(task.config, "valid")
+    for key in ("grids", "paths"):
+        np.testing.assert_array_equal(valid[key], more_train[key][30:])
+    with pytest.raises(ValueError, match=r"holds 35 mazes, fewer than the 6 asked for after row"):
+        read_split(dataclasses.replace(task.config, val_size=6), "valid")
     batch = next(task.eval_iterator("test_13", 4))
     np.testing.assert_array_equal(batch["inputs"], inputs[:4].transpose(0, 2, 3, 1))
     np.testing.assert_array_equal(batch["targets"], solutions[:4])
@@ -159,7 +166,7 @@ def _write_prefix_sums(folder, length, bits, *, centred, channel, targets=None):
 @pytest.mark.parametrize("centred, channel", [(False, False), (True, True), (True, False)])
 def test_prefix_sum_files_read_as_bits_in_either_layout(tmp_path, centred, channel):
     rng = np.random.default_rng(0)
-    bits = {length: rng.integers(0, 2, size=(30, length)) for length in (8, 12)}
+    bits = {length: rng.integers(0, 2, size=(35, length)) for length in (8, 12)}
     for length, b in bits.items():
         _write_prefix_sums(str(tmp_path), length, b, centred=centred, channel=channel)
     task = tasks.get(
@@ -169,11 +176,15 @@ def test_prefix_sum_files_read_as_bits_in_either_layout(tmp_path, centred, chann
         train_length=8,
         test_lengths=(8, 12),
         test_size=10,
+        val_size=5,
     )
     task.prepare()
     train, test_8, test_12 = (task.arrays(s) for s in ("train", "test_8", "test_12"))
     np.testing.assert_array_equal(train["inputs"][..., 0], bits[8][:20])
     np.testing.assert_array_equal(test_8["inputs"][..., 0], bits[8][20:30])  # after train
+    valid = task.arrays("valid")["inputs"][..., 0]
+    np.testing.assert_array_equal(valid, bits[8][30:35])  # after train and test
+    assert task.validation_split == "valid" and "valid" not in task.eval_splits
     np.testing.assert_array_equal(test_12["inputs"][..., 0], bits[12][:10])
     np.testing.assert_array_equal(test_12["targets"], np.cumsum(bits[12][:10], axis=1) % 2)
     assert train["inputs"].shape == (20, 8, 1) and train["inputs"].dtype == np.float32
@@ -183,6 +194,7 @@ def test_prefix_sum_files_read_as_bits_in_either_layout(tmp_path, centred, chann
 
 def _prefix_task(folder, **fields):
     fields = {"train_size": 20, "train_length": 8, "test_lengths": (8,), "test_size": 10, **fields}
+    fields.setdefault("val_size", 0)
     return tasks.get("prefix_sum", files_dir=folder, **fields)
 
 

@@ -14,7 +14,13 @@ from deq_jax.tasks.edge_copy import generate_split as graph_split
 from deq_jax.tasks.matrix_inversion import MatrixInversionConfig, random_spd
 from deq_jax.tasks.matrix_inversion import generate_split as matrix_split
 
-GRAPHS = {"train_size": 64, "train_nodes": 6, "test_nodes": (6, 12, 40), "test_size": 16}
+GRAPHS = {
+    "train_size": 64,
+    "train_nodes": 6,
+    "test_nodes": (6, 12, 40),
+    "test_size": 16,
+    "val_size": 16,
+}
 MATRICES = {"train_size": 64, "test_conds": (2, 50), "test_size": 16}
 
 
@@ -50,6 +56,15 @@ def test_graphs_deterministic_and_seed_dependent():
     other = graph_split(EdgeCopyConfig(**GRAPHS, seed=1), "train")["inputs"]
     assert not np.array_equal(other, first)
     assert not np.array_equal(graph_split(config, "test_6")["inputs"], first[:16])
+    valid = graph_split(config, "valid")["inputs"]  # 6 nodes, its own stream
+    assert valid.shape == (16, 6, 6, 1) and not np.array_equal(valid, first[:16])
+    assert not np.array_equal(valid, graph_split(config, "test_6")["inputs"])
+    without = EdgeCopyConfig(**{**GRAPHS, "val_size": 0})
+    assert "valid" not in without.splits
+    for split in without.splits:
+        np.testing.assert_array_equal(
+            graph_split(without, split)["inputs"], graph_split(config, split)["inputs"]
+        )
 
 
 def test_edge_copy_training_noise_is_fresh_symmetric_on_edges_and_resumable():
@@ -121,13 +136,14 @@ def test_edge_copy_interface_and_bad_config():
     assert task.name == "edge_copy" and task.num_classes is None and task.num_outputs == 3
     assert task.input_shape == (6, 6, 3) and task.splits == (
         "train",
+        "valid",
         "test_6",
         "test_12",
         "test_40",
     )
     assert task.num_examples("test_12") == 16 and task.steps_per_epoch(16) == 4
     task.prepare()
-    with pytest.raises(ValueError, match="Valid splits: train, test_6, test_12, test_40"):
+    with pytest.raises(ValueError, match="Valid splits: train, valid, test_6, test_12, test_40"):
         task.num_examples("test_7")
     for bad in ({"edge_prob": 0.0}, {"edge_prob": 1.5}, {"test_nodes": (1,)}, {"noise_std": -1.0}):
         with pytest.raises(ValueError):
@@ -153,7 +169,7 @@ def test_random_spd_has_exact_condition_numbers_and_inverses():
 
 def test_matrix_splits_conditioning_and_determinism():
     config = MatrixInversionConfig(**MATRICES)
-    assert config.splits == ("train", "test_cond2", "test_cond50")
+    assert config.splits == ("train", "valid", "test_cond2", "test_cond50")
     train = matrix_split(config, "train")
     assert train["inputs"].shape == (64, 10, 10) and train["inputs"].dtype == np.float32
     conds = np.linalg.cond(train["inputs"].astype(np.float64))
@@ -172,6 +188,18 @@ def test_matrix_splits_conditioning_and_determinism():
     np.testing.assert_array_equal(
         matrix_split(reordered, "test_cond50")["inputs"], hard["inputs"]
     )  # a split's stream depends on its condition number, not its position
+    # "valid": drawn as the training matrices (condition numbers in [1, 5]), its own
+    # stream: without it the other splits are the same.
+    valid = matrix_split(MatrixInversionConfig(**MATRICES, val_size=32), "valid")
+    valid_conds = np.linalg.cond(valid["inputs"].astype(np.float64))
+    assert valid["inputs"].shape == (32, 10, 10) and valid_conds.max() <= 5.0 + 1e-3
+    assert not np.isin(valid["inputs"], train["inputs"]).all(axis=(1, 2)).any()
+    without = MatrixInversionConfig(**MATRICES, val_size=0)
+    assert without.splits == ("train", "test_cond2", "test_cond50")
+    for split in without.splits:
+        np.testing.assert_array_equal(
+            matrix_split(without, split)["inputs"], matrix_split(config, split)["inputs"]
+        )
 
 
 def test_matrix_training_noise_symmetric_fresh_and_resumable():
@@ -205,13 +233,14 @@ def test_matrix_interface_metrics_and_bad_config():
     assert task.name == "matrix_inversion" and task.num_classes is None
     assert task.input_shape == (10, 10) and task.num_outputs == 100
     assert task.eval_splits == ("test_cond2", "test_cond50") and task.num_examples("train") == 64
+    assert task.validation_split == "valid" and task.num_examples("valid") == 1_000
     task.prepare()
     targets = np.zeros((4, 10, 10), np.float32)
     predictions = targets.copy()
     predictions[0] += 2.0  # squared error 4 everywhere in one matrix
     m = task.metrics(predictions, targets, np.array([True, True, False, False]))
     np.testing.assert_allclose(m["mse"], 2.0)
-    with pytest.raises(ValueError, match="Valid splits: train, test_cond2, test_cond50"):
+    with pytest.raises(ValueError, match="Valid splits: train, valid, test_cond2, test_cond50"):
         task.num_examples("test_cond3")
     for bad in (
         {"train_cond": (0.5, 5.0)},

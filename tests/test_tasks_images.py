@@ -27,10 +27,11 @@ from deq_jax.tasks import image_records, images
 def test_digits_split_shapes_and_standardisation():
     task = tasks.get("digits", data_dir="/unused")
     assert task.name == "digits" and task.num_classes == 10
-    assert task.input_shape == (8, 8, 1) and task.eval_splits == ("test",)
-    assert task.num_examples("train") == 1437 and task.num_examples("test") == 360
+    assert task.input_shape == (8, 8, 1) and task.eval_splits == ("valid", "test")
+    assert task.validation_split == "valid" and task.num_examples("valid") == 180
+    assert task.num_examples("train") == 1257 and task.num_examples("test") == 360
     train = task.source("train")
-    assert train["inputs"].shape == (1437, 8, 8, 1) and train["inputs"].dtype == np.float32
+    assert train["inputs"].shape == (1257, 8, 8, 1) and train["inputs"].dtype == np.float32
     assert train["targets"].dtype == np.int32 and set(train["targets"]) == set(range(10))
     np.testing.assert_allclose(train["inputs"].mean(), 0.0, atol=1e-5)
     np.testing.assert_allclose(train["inputs"].std(), 1.0, rtol=1e-5)
@@ -47,6 +48,17 @@ def test_digits_deterministic_and_disjoint():
     rows = lambda x: {r.tobytes() for r in x.reshape(len(x), -1)}
     overlap = rows(a["train"]["inputs"]) & rows(a["test"]["inputs"])
     assert len(overlap) <= 2  # the raw set holds a few duplicated images
+    seen = rows(a["train"]["inputs"]) | rows(a["test"]["inputs"])
+    assert len(rows(a["valid"]["inputs"]) & seen) <= 2
+    assert np.bincount(a["valid"]["targets"]).min() >= 17  # stratified: 18 of each digit
+    # The validation cut comes out of the training images; the test images stay.
+    whole = images.load_digits(seed=0, valid_size=0)
+    assert set(whole) == {"train", "test"} and len(whole["train"]["targets"]) == 1437
+    np.testing.assert_array_equal(whole["test"]["targets"], a["test"]["targets"])
+    tasks_without = tasks.get("digits", valid_size=0)
+    assert tasks_without.eval_splits == ("test",) and tasks_without.validation_split is None
+    with pytest.raises(ValueError, match="valid_size must be in"):
+        images.load_digits(seed=0, valid_size=1437)
 
 
 def test_digits_iterators_and_metrics():
@@ -65,7 +77,7 @@ def test_digits_iterators_and_metrics():
 
 def test_bad_input():
     task = tasks.get("digits")
-    with pytest.raises(ValueError, match="train, test"):
+    with pytest.raises(ValueError, match="train, valid, test"):
         task.num_examples("validation")
     with pytest.raises(ValueError, match="logits"):
         task.metrics(np.zeros((4, 10)), np.zeros((4, 1), np.int32))

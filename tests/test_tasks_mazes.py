@@ -181,17 +181,36 @@ def test_bad_maze_size_names_valid_choices(size):
 
 
 def test_bad_config_and_splits():
-    with pytest.raises(ValueError, match="Valid splits: train, test_9, test_13, test_33"):
+    with pytest.raises(ValueError, match="Valid splits: train, valid, test_9, test_13, test_33"):
         SMALL.size("test_11")
     with pytest.raises(ValueError, match="distinct"):
         MazeConfig(test_maze_sizes=(9, 9))
     with pytest.raises(ValueError, match="train_size"):
         MazeConfig(train_size=0)
-    tiny = MazeConfig(train_maze_size=3, train_size=500, test_maze_sizes=(3,), test_size=5)
+    tiny = MazeConfig(
+        train_maze_size=3, train_size=500, test_maze_sizes=(3,), test_size=5, val_size=0
+    )
     with pytest.raises(ValueError, match="distinct 3x3 mazes"):
         generate_split(tiny, "train")  # 2x2 cells: only 4 trees x 12 (start, goal) pairs
     with pytest.raises(ValueError, match="Valid keywords"):
         tasks.get("mazes", maze_size=9)
+
+
+def test_validation_split_is_new_mazes_of_the_training_size():
+    config = dataclasses.replace(SMALL, val_size=40)
+    valid = generate_split(config, "valid")
+    assert valid["grids"].shape == (40, 11, 11)  # 9x9: 5 cells a side, 2 * 5 + 1 pixels
+    rows = lambda split: {g.tobytes() for g in generate_split(config, split)["grids"]}
+    assert len(rows("valid")) == 40 and not rows("valid") & (rows("train") | rows("test_9"))
+    without = dataclasses.replace(SMALL, val_size=0)  # its own stream: the rest unchanged
+    assert "valid" not in without.splits
+    for split in without.splits:
+        np.testing.assert_array_equal(
+            generate_split(without, split)["grids"], generate_split(config, split)["grids"]
+        )
+    task = tasks.get("mazes", train_size=60, test_maze_sizes=(9,), test_size=12, val_size=40)
+    assert task.validation_split == "valid" and task.num_examples("valid") == 40
+    assert tasks.get("mazes", test_maze_sizes=(9,), val_size=0).validation_split is None
 
 
 def test_task_interface_iterators_and_metrics():
@@ -199,7 +218,7 @@ def test_task_interface_iterators_and_metrics():
         "mazes", data_dir="/unused", train_size=60, test_maze_sizes=(9, 13), test_size=12
     )
     assert task.name == "mazes" and task.num_classes == 2 and task.input_shape == (24, 24, 3)
-    assert task.splits == ("train", "test_9", "test_13") and task.eval_splits == (
+    assert task.splits == ("train", "valid", "test_9", "test_13") and task.eval_splits == (
         "test_9",
         "test_13",
     )

@@ -17,8 +17,8 @@ from deq_jax.tasks.prefix_sum import (
     random_strings,
 )
 
-# The module itself; ``deq_jax.tasks.prefix_sum`` names the constructor.
-prefix_sum_module = sys.modules[generate_split.__module__]
+# The module that draws the strings (its sampling switch is patched below).
+strings_module = sys.modules[random_strings.__module__]
 
 SMALL = {"train_size": 200, "train_length": 12, "test_lengths": (8, 12, 40), "test_size": 50}
 
@@ -52,7 +52,7 @@ def test_random_strings_distinct_and_avoid_exclude(length):
 
 @pytest.mark.parametrize("enumerate_max_length", [20, 0])  # exact / rejection sampling
 def test_random_strings_exhausts_small_spaces_and_refuses_more(monkeypatch, enumerate_max_length):
-    monkeypatch.setattr(prefix_sum_module, "_ENUMERATE_MAX_LENGTH", enumerate_max_length)
+    monkeypatch.setattr(strings_module, "_ENUMERATE_MAX_LENGTH", enumerate_max_length)
     rng = np.random.default_rng(0)
     every = random_strings(4, 16, rng)
     assert len(_rows(every)) == 16
@@ -70,7 +70,7 @@ def test_default_config_matches_the_papers():
     config = PrefixSumConfig()
     assert (config.train_size, config.train_length) == (10_000, 32)
     assert config.splits == tuple(
-        ["train"] + [f"test_{n}" for n in (16, 32, 48, 64, 128, 256, 512)]
+        ["train", "valid"] + [f"test_{n}" for n in (16, 32, 48, 64, 128, 256, 512)]
     )
     train = generate_split(config, "train")["inputs"]
     assert train.shape == (10_000, 32) and len(_rows(train)) == 10_000
@@ -122,9 +122,37 @@ def test_config_bad_values_raise(kwargs, match):
         PrefixSumConfig(**kwargs)
 
 
+def test_validation_split_is_new_strings_of_the_training_length():
+    config = PrefixSumConfig(**SMALL, val_size=300)
+    valid = generate_split(config, "valid")
+    assert valid["inputs"].shape == (300, 12) and len(_rows(valid["inputs"])) == 300
+    np.testing.assert_array_equal(valid["targets"], cumulative_parity(valid["inputs"]))
+    for other in ("train", "test_12"):  # the splits of its length
+        assert not _rows(valid["inputs"]) & _rows(generate_split(config, other)["inputs"])
+    # Its own stream: with or without it, every other split draws the same strings.
+    without = PrefixSumConfig(**SMALL, val_size=0)
+    assert "valid" not in without.splits and without.name != config.name
+    for split in without.splits:
+        np.testing.assert_array_equal(
+            generate_split(without, split)["inputs"], generate_split(config, split)["inputs"]
+        )
+    task = tasks.get("prefix_sum", **SMALL, val_size=300)
+    assert task.validation_split == "valid" and task.eval_splits == ("test_8", "test_12", "test_40")
+    assert task.splits == ("train", "valid", "test_8", "test_12", "test_40")
+    assert tasks.get("prefix_sum", **SMALL, val_size=0).validation_split is None
+
+
+def test_validation_split_larger_than_the_strings_left_says_what_to_lower():
+    # 2**8 = 256 strings: 200 train, 50 test_8, 6 left.
+    small = {"train_size": 200, "train_length": 8, "test_lengths": (8,), "test_size": 50}
+    assert PrefixSumConfig(**small, val_size=6).size("valid") == 6
+    with pytest.raises(ValueError, match="only 6 exist besides the training and test.*val_size"):
+        PrefixSumConfig(**small, val_size=7)
+
+
 def test_unknown_split_lists_valid_splits():
     config = PrefixSumConfig(**SMALL)
-    with pytest.raises(ValueError, match="Valid splits: train, test_8, test_12, test_40"):
+    with pytest.raises(ValueError, match="Valid splits: train, valid, test_8, test_12, test_40"):
         generate_split(config, "test_16")
     with pytest.raises(ValueError, match="Valid splits"):
         data_source("validation", config=config, data_dir="/nonexistent")
@@ -175,7 +203,7 @@ def test_registry_builds_task_and_rejects_unknowns(data_dir):
     assert task.input_shape == (12, 1)
     assert task.train_split == "train"
     assert task.eval_splits == ("test_8", "test_12", "test_40")
-    assert task.splits == ("train",) + task.eval_splits
+    assert task.splits == ("train", "valid") + task.eval_splits
     assert task.num_examples("test_40") == 50 and task.steps_per_epoch(64) == 3
     with pytest.raises(ValueError, match="prefix_sum"):
         tasks.get("prefix_sums")

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from configs import prefix_sum
-from deq_jax.training import build, evaluate_checkpoint, setup, train_and_evaluate, writers
+from deq_jax.training import (
+    build,
+    evaluate_checkpoint,
+    selection,
+    setup,
+    train_and_evaluate,
+    writers,
+)
 from deq_jax.training.checkpoint import CheckpointMismatchError
 from deq_jax.training.train import NonFiniteLossError
 
@@ -84,6 +91,14 @@ def test_smoke_run_writes_everything(finished):
         line.startswith("step 6/6") and "steps/s" in line and "ETA" in line for line in lines
     )
     assert any("Per-length accuracy" in line for line in lines)
+    # Model selection scores the validation split (new 16-bit strings), not a test split.
+    record = selection.read_best_record(workdir)
+    assert (record["split"], record["metric"], record["mode"]) == (
+        "valid",
+        "string_accuracy",
+        "max",
+    )
+    assert record["step"] in (4, 6)
 
 
 def test_resume_gives_the_uninterrupted_parameters(finished, tmp_path, data_dir):

@@ -45,6 +45,14 @@ def check_part(value: Any, what: str) -> Solver:
     return value
 
 
+def set_hyper(combinator: Solver, hyper: dict) -> None:
+    """Sets the budget fields (``tol``, ``max_iter``, ...) of a frozen ``combinator``
+    from the keywords ``hyper`` (``None`` for each one not given: inherited later by
+    `inherit_hyper`)."""
+    for name in _HYPER:
+        object.__setattr__(combinator, name, hyper.get(name))
+
+
 def check_keywords(name: str, hyper: dict, fields: tuple[str, ...]) -> None:
     """A `TypeError` naming the unknown budget keywords of combinator ``name``, if any.
 
@@ -160,8 +168,7 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
         check_keywords("sequence", hyper, ("solvers", "steps"))
         object.__setattr__(self, "solvers", parts)
         object.__setattr__(self, "steps", counts)
-        for name in _HYPER:
-            object.__setattr__(self, name, hyper.get(name))
+        set_hyper(self, hyper)
         self.__post_init__()
 
     def __post_init__(self):

@@ -21,6 +21,7 @@ from deq_jax.solvers.combinators import (
     check_part,
     inherit_hyper,
     propose_rows,
+    set_hyper,
     stop_residual,
     where_rows,
 )
@@ -274,8 +275,7 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
         check_keywords("restart", hyper, ("solver", "patience"))
         object.__setattr__(self, "solver", solver)
         object.__setattr__(self, "patience", patience)
-        for name in ("tol", "max_iter", "stop_mode", "full_budget"):
-            object.__setattr__(self, name, hyper.get(name))
+        set_hyper(self, hyper)
         self.__post_init__()
 
     def __post_init__(self):

@@ -33,6 +33,11 @@ class Task(abc.ABC):
     # Batch keys besides inputs/targets/mask that the train and eval steps hand to the
     # model and to ``metrics`` as keywords (e.g. ``("adjacency",)`` for graphs).
     batch_extras: tuple[str, ...] = ()
+    # The held-out split that model selection scores by default (``"valid"``, CLRS's
+    # ``"val"``), drawn from the training distribution and disjoint from the training
+    # and test data; ``None``: the task has none, and selection falls back to its first
+    # eval split (`deq_jax.training.selection.SelectionRule`).
+    validation_split: str | None = None
 
     @property
     @abc.abstractmethod
@@ -45,8 +50,11 @@ class Task(abc.ABC):
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """The training split followed by `eval_splits`."""
-        return (self.train_split, *self.eval_splits)
+        """The training split, the `validation_split` unless it is an eval split
+        already, then `eval_splits`."""
+        valid = self.validation_split
+        extra = (valid,) if valid and valid not in self.eval_splits else ()
+        return (self.train_split, *extra, *self.eval_splits)
 
     def prepare(self) -> None:
         """Builds (or loads) the training data, so the first step does not wait for it."""

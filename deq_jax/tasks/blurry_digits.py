@@ -9,14 +9,17 @@ keeps iterating at test time may recover digits blurrier than any it was trained
 Sources (``source=``):
 
 * ``"digits"``: scikit-learn's 1,797 8x8 digits through `deq_jax.tasks.images.load_digits`
-  (stratified split from ``seed``: 1,437 train, 360 test, standardised with training
-  statistics). The blur is applied to the standardised images; since the blur is linear
+  (stratified split from ``seed``: 1,437 train less ``valid_size`` cut out as the
+  validation split ``"valid"``, blurred at ``train_sigma``; 360 test; standardised with
+  training statistics). The blur is applied to the standardised images; since the blur is linear
   and keeps constants, this equals standardising the blurred raw images.
 * ``"mnist"``: tfds ``mnist`` read through ``as_data_source()`` (``array_record``; no
   TensorFlow). It must already be prepared under ``data_dir``, e.g. with
   ``tfds build mnist --file_format=array_record`` on a machine with TensorFlow and a
   network; otherwise a FileNotFoundError says so. Images are scaled to ``[0, 1]``,
   blurred and standardised with the usual MNIST mean 0.1307 and std 0.3081, per batch.
+  No validation split (``valid_size`` 0): model selection scores the first test split
+  unless ``eval.select_split`` names another.
 
 Batches are ``{"inputs": float32 [b, H, W, 1], "targets": int32 [b], "mask": bool [b],
 "index": int32 [b]}``; the metric is top-1 accuracy from logits ``[B, 10]``.
@@ -41,7 +44,7 @@ from scipy.ndimage import gaussian_filter
 from deq_jax.tasks import images
 from deq_jax.tasks.base import Task
 
-TRAIN, _TEST = "train", "test"
+TRAIN, VALID, _TEST = "train", "valid", "test"
 SOURCES = ("digits", "mnist")
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
@@ -121,8 +124,11 @@ class BlurryDigitsTask(Task):
       source: ``"digits"`` or ``"mnist"``.
       data_dir: the tfds data directory for mnist (unused for digits).
       seed: seeds the digits train/test split (mnist has fixed splits).
-      train_sigma: blur of the training images.
+      train_sigma: blur of the training (and validation) images.
       test_sigmas: one test split per blur.
+      valid_size: digits' training images cut out as ``"valid"`` (0: none; ``None``:
+        `deq_jax.tasks.images.DIGITS_VALID_SIZE` for digits, 0 for mnist, which has no
+        validation split).
     """
 
     name = "blurry_digits"
@@ -137,6 +143,7 @@ class BlurryDigitsTask(Task):
         seed: int = 0,
         train_sigma: float = 0.5,
         test_sigmas: tuple[float, ...] = (0.5, 1.0, 1.5),
+        valid_size: int | None = None,
     ):
         if source not in SOURCES:
             raise ValueError(f"Unknown source {source!r}. Valid sources: {', '.join(SOURCES)}.")
@@ -148,9 +155,19 @@ class BlurryDigitsTask(Task):
             )
         if len({split_name(s) for s in test_sigmas}) != len(test_sigmas):
             raise ValueError(f"test_sigmas must be distinct, got {test_sigmas}.")
+        if valid_size is None:
+            valid_size = images.DIGITS_VALID_SIZE if source == "digits" else 0
+        if source == "mnist" and valid_size:
+            raise ValueError(
+                "blurry_digits with source='mnist' has no validation split; set "
+                "--config.task.valid_size=0 (and eval.select_split to choose one)."
+            )
         self.source_name, self.data_dir, self.seed = source, data_dir, seed
         self.train_sigma, self.test_sigmas = float(train_sigma), test_sigmas
+        self.valid_size = int(valid_size)
         self._sigma = {TRAIN: self.train_sigma} | {split_name(s): s for s in test_sigmas}
+        if self.valid_size:
+            self._sigma[VALID] = self.train_sigma
         self._sources: dict[str, Any] = {}
         self._digits: dict[str, dict[str, np.ndarray]] = {}
 
@@ -158,6 +175,11 @@ class BlurryDigitsTask(Task):
     def eval_splits(self) -> tuple[str, ...]:
         """``("test_sigma0.5", "test_sigma1", "test_sigma1.5")`` by default."""
         return tuple(split_name(s) for s in self.test_sigmas)
+
+    @property
+    def validation_split(self) -> str | None:
+        """``"valid"`` (digits at ``train_sigma``), or ``None`` with ``valid_size=0``."""
+        return VALID if self.valid_size else None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -182,10 +204,10 @@ class BlurryDigitsTask(Task):
         """
         sigma = self.sigma(split)
         if split not in self._sources:
-            base = TRAIN if split == TRAIN else _TEST
+            base = split if split in (TRAIN, VALID) else _TEST
             if self.source_name == "digits":
                 if not self._digits:
-                    self._digits.update(images.load_digits(self.seed))
+                    self._digits.update(images.load_digits(self.seed, self.valid_size))
                 raw = self._digits[base]
                 self._sources[split] = {
                     "inputs": blur(raw["inputs"], sigma),
@@ -209,6 +231,7 @@ def blurry_digits(
     seed: int = 0,
     train_sigma: float = 0.5,
     test_sigmas: tuple[float, ...] = (0.5, 1.0, 1.5),
+    valid_size: int | None = None,
 ) -> BlurryDigitsTask:
     """Builds the blurry-digits task; the registry's constructor (see `BlurryDigitsTask`)."""
     return BlurryDigitsTask(
@@ -217,4 +240,5 @@ def blurry_digits(
         seed=seed,
         train_sigma=train_sigma,
         test_sigmas=tuple(test_sigmas),
+        valid_size=valid_size,
     )

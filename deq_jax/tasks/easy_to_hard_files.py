@@ -59,13 +59,17 @@ def _check_values(values: np.ndarray, path: str, rows: str, what: str = "in {0, 
         raise ValueError(f"{path} ({rows}) holds {first!r}; its values must be {what}.")
 
 
-def maze_image_chunks(folder: str, count: int, side: int) -> Iterator[dict[str, np.ndarray]]:
-    """The first ``count`` mazes of an easy-to-hard maze folder, in our layout, by chunks.
+def maze_image_chunks(
+    folder: str, count: int, side: int, *, start: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+    """Mazes ``[start, start + count)`` of an easy-to-hard maze folder, in our layout,
+    by chunks.
 
     Args:
       folder: a ``maze_data_{train|test}_{S}`` folder (see `maze_folder`).
-      count: how many mazes to read (the first ones of the files).
+      count: how many mazes to read.
       side: the expected image side ``H = W`` (``2S + 6``).
+      start: the first row read (0: the files' first maze).
 
     Yields:
       ``{"inputs": float32 [b, H, W, 3], "targets": int32 [b, H, W]}``, consecutive
@@ -88,14 +92,15 @@ def maze_image_chunks(folder: str, count: int, side: int) -> Iterator[dict[str, 
                 f"{path} has shape {array.shape}; easy-to-hard {what} of this maze size are "
                 f"[N, {', '.join(map(str, shape))}]."
             )
-        if len(array) < count:
+        if len(array) < start + count:
+            asked = f"the {count} asked for" + (f" after row {start}" if start else "")
             raise ValueError(
-                f"{path} holds {len(array)} mazes, fewer than the {count} asked for (lower "
-                "train_size or test_size)."
+                f"{path} holds {len(array)} mazes, fewer than {asked} (lower "
+                "train_size, val_size or test_size)."
             )
     chunk = max(1, _CHUNK_BYTES // (inputs[0].nbytes if len(inputs) else 1))
-    for first in range(0, count, chunk):
-        last = min(first + chunk, count)
+    for first in range(start, start + count, chunk):
+        last = min(first + chunk, start + count)
         rows = f"mazes {first} to {last - 1}"
         x, y = np.asarray(inputs[first:last]), np.asarray(solutions[first:last])
         _check_values(x, paths[0], rows)

@@ -22,6 +22,9 @@ so it is resumable and identical across process counts. Targets stay clean, so t
 network must denoise as it copies. Evaluation inputs are clean.
 
 Each split is generated in memory from ``(seed, split)`` in milliseconds and cached.
+The validation split ``"valid"`` (``val_size`` graphs of ``train_nodes`` nodes, for model
+selection; none with ``val_size=0``) draws from a stream of its own, so it changes no
+other split.
 `edge_mse` is the metric: mean squared error over the existing edges of each graph.
 
 References:
@@ -43,7 +46,7 @@ import numpy as np
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
 
-TRAIN = "train"
+TRAIN, VALID = "train", "valid"
 _NOISE_STREAM = 7919  # separates the noise streams from the shuffling streams
 
 
@@ -118,6 +121,8 @@ class EdgeCopyConfig:
       train_nodes: nodes per training graph.
       test_nodes: one test split ``"test_{n}"`` per node count.
       test_size: graphs per test split.
+      val_size: graphs of the validation split ``"valid"`` (``train_nodes`` nodes; 0:
+        none).
       edge_prob: Erdős–Rényi edge probability ``p``.
       num_features: features per edge ``C``.
       noise_std: standard deviation of the training-input noise (0 disables it).
@@ -128,6 +133,7 @@ class EdgeCopyConfig:
     train_nodes: int = 10
     test_nodes: tuple[int, ...] = (10, 20, 40)
     test_size: int = 1_000
+    val_size: int = 1_000
     edge_prob: float = 0.3
     num_features: int = 1
     noise_std: float = 0.1
@@ -136,9 +142,10 @@ class EdgeCopyConfig:
         if not all(isinstance(n, int | np.integer) for n in self.test_nodes):
             raise ValueError(f"test_nodes must be integers, got {self.test_nodes}.")
         object.__setattr__(self, "test_nodes", tuple(int(n) for n in self.test_nodes))
-        for field in ("seed", "train_size", "train_nodes", "test_size", "num_features"):
+        fields = ("seed", "train_size", "train_nodes", "test_size", "val_size", "num_features")
+        for field in fields:
             value = getattr(self, field)
-            least = {"seed": 0, "train_nodes": 2}.get(field, 1)
+            least = {"seed": 0, "train_nodes": 2, "val_size": 0}.get(field, 1)
             if not isinstance(value, int | np.integer) or value < least:
                 raise ValueError(f"EdgeCopyConfig.{field} must be >= {least}, got {value!r}.")
         if not self.test_nodes or min(self.test_nodes) < 2:
@@ -152,8 +159,10 @@ class EdgeCopyConfig:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """``("train", "test_10", ...)`` in the order of `test_nodes`."""
-        return (TRAIN,) + tuple(f"test_{n}" for n in self.test_nodes)
+        """``("train", "valid", "test_10", ...)``: tests in the order of `test_nodes`,
+        no ``"valid"`` if `val_size` is 0."""
+        valid = (VALID,) if self.val_size else ()
+        return (TRAIN, *valid) + tuple(f"test_{n}" for n in self.test_nodes)
 
     def check_split(self, split: str) -> None:
         """Raises a ValueError naming the valid splits if ``split`` is not one."""
@@ -163,12 +172,14 @@ class EdgeCopyConfig:
     def nodes(self, split: str) -> int:
         """Nodes per graph in ``split``."""
         self.check_split(split)
-        return self.train_nodes if split == TRAIN else int(split.removeprefix("test_"))
+        if split in (TRAIN, VALID):
+            return self.train_nodes
+        return int(split.removeprefix("test_"))
 
     def size(self, split: str) -> int:
         """Graphs in ``split``."""
         self.check_split(split)
-        return self.train_size if split == TRAIN else self.test_size
+        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
 
 
 @functools.lru_cache(maxsize=16)
@@ -180,7 +191,7 @@ def generate_split(config: EdgeCopyConfig, split: str) -> dict[str, np.ndarray]:
       float32 [N, n, n, C]}`` (read-only), clean: targets equal inputs.
     """
     n, count = config.nodes(split), config.size(split)
-    kind = 0 if split == TRAIN else 1
+    kind = {TRAIN: 0, VALID: 2}.get(split, 1)
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, kind, n]))
     edges = symmetric_from_upper(rng.random((count, n, n)) < config.edge_prob)  # [N, n, n]
     features = rng.uniform(-1.0, 1.0, (count, n, n, config.num_features))  # [N, n, n, C]
@@ -251,7 +262,12 @@ class EdgeCopyTask(StepNoiseTask):
     @property
     def eval_splits(self) -> tuple[str, ...]:
         """``("test_10", "test_20", "test_40")``."""
-        return self.config.splits[1:]
+        return tuple(s for s in self.config.splits[1:] if s != VALID)
+
+    @property
+    def validation_split(self) -> str | None:
+        """``"valid"``, or ``None`` with ``val_size=0``."""
+        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -298,6 +314,7 @@ def edge_copy(
     train_nodes: int = 10,
     test_nodes: tuple[int, ...] = (10, 20, 40),
     test_size: int = 1_000,
+    val_size: int = 1_000,
     edge_prob: float = 0.3,
     num_features: int = 1,
     noise_std: float = 0.1,
@@ -314,6 +331,7 @@ def edge_copy(
         train_nodes=train_nodes,
         test_nodes=tuple(test_nodes),
         test_size=test_size,
+        val_size=val_size,
         edge_prob=edge_prob,
         num_features=num_features,
         noise_std=noise_std,

@@ -39,9 +39,10 @@ from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
 from deq_jax.tasks.image_augment import CropFlip
 
-TRAIN, TEST = "train", "test"
+TRAIN, VALID, TEST = "train", "valid", "test"
 SPLITS = (TRAIN, TEST)
 DIGITS_TEST_SIZE = 360
+DIGITS_VALID_SIZE = 180  # cut from the 1,437 training images: 1,257 train, 180 valid
 CIFAR10_MEAN = np.array([0.4914, 0.4822, 0.4465], np.float32)
 CIFAR10_STD = np.array([0.2470, 0.2435, 0.2616], np.float32)
 
@@ -74,15 +75,20 @@ def classification_accuracy(logits, targets, mask=None) -> dict:
     return {"accuracy": jnp.sum(weight * correct) / jnp.maximum(count, 1.0), "count": count}
 
 
-def load_digits(seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+def load_digits(
+    seed: int = 0, valid_size: int = DIGITS_VALID_SIZE
+) -> dict[str, dict[str, np.ndarray]]:
     """scikit-learn's digits, split and standardised.
 
     Args:
-      seed: seeds the stratified train/test split.
+      seed: seeds the stratified train/test split and the validation cut.
+      valid_size: images cut (stratified) from the 1,437 training ones as ``"valid"``;
+        0: no validation split. The test images do not depend on it.
 
     Returns:
-      ``{split: {"inputs": float32 [N, 8, 8, 1], "targets": int32 [N]}}`` with 1,437
-      training and 360 test images; the standardisation uses training statistics only.
+      ``{split: {"inputs": float32 [N, 8, 8, 1], "targets": int32 [N]}}``: ``"train"``
+      (``1437 - valid_size``), ``"valid"`` (unless 0) and ``"test"`` (360); the
+      standardisation uses training statistics only.
     """
     # Imported here: scikit-learn is slow to import and only this task needs it.
     from sklearn.datasets import load_digits as sklearn_digits
@@ -94,12 +100,21 @@ def load_digits(seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
     x_train, x_test, y_train, y_test = train_test_split(
         images, labels, test_size=DIGITS_TEST_SIZE, random_state=seed, stratify=labels
     )
+    if not 0 <= valid_size < len(x_train):
+        raise ValueError(
+            f"valid_size must be in [0, {len(x_train)}) (digits' training images), got "
+            f"{valid_size}."
+        )
+    splits = {TEST: (x_test, y_test)}
+    if valid_size:
+        x_train, x_valid, y_train, y_valid = train_test_split(
+            x_train, y_train, test_size=valid_size, random_state=seed, stratify=y_train
+        )
+        splits[VALID] = (x_valid, y_valid)
+    splits[TRAIN] = (x_train, y_train)
     mean, std = x_train.mean(), x_train.std()
     scale = lambda x: ((x - mean) / std).astype(np.float32)
-    return {
-        TRAIN: {"inputs": scale(x_train), "targets": y_train},
-        TEST: {"inputs": scale(x_test), "targets": y_test},
-    }
+    return {split: {"inputs": scale(x), "targets": y} for split, (x, y) in splits.items()}
 
 
 class ImageRecords:
@@ -229,6 +244,11 @@ class ImageTask(Task):
         return self._eval_splits
 
     @property
+    def validation_split(self) -> str | None:
+        """``"valid"`` when it is one of the eval splits, else ``None``."""
+        return VALID if VALID in self._eval_splits else None
+
+    @property
     def input_shape(self) -> tuple[int, int, int]:
         """One image's shape ``(H, W, C)``."""
         if callable(self._input_shape):
@@ -290,8 +310,10 @@ class ImageTask(Task):
         return classification_accuracy(logits, targets, mask)
 
 
-def digits(*, seed: int = 0, data_dir: str | None = None) -> ImageTask:
-    """The 8x8 digits task; the registry's constructor.
+def digits(
+    *, seed: int = 0, valid_size: int = DIGITS_VALID_SIZE, data_dir: str | None = None
+) -> ImageTask:
+    """The 8x8 digits task; the registry's constructor (splits: see `load_digits`).
 
     ``data_dir`` is accepted for a uniform call signature and unused (the data ship
     with scikit-learn).
@@ -301,7 +323,8 @@ def digits(*, seed: int = 0, data_dir: str | None = None) -> ImageTask:
 
     def source(split: str) -> dict[str, np.ndarray]:
         if not arrays:
-            arrays.update(load_digits(seed))
+            arrays.update(load_digits(seed, valid_size))
         return arrays[split]
 
-    return ImageTask("digits", (8, 8, 1), source, lambda: None)
+    eval_splits = (VALID, TEST) if valid_size else (TEST,)
+    return ImageTask("digits", (8, 8, 1), source, lambda: None, eval_splits=eval_splits)

@@ -9,7 +9,9 @@ exactly ``kappa`` and eigenvalues in ``[kappa^-1/2, kappa^1/2]``, and its invers
 has the same distribution as ``A``: inputs and targets are on one scale. Training
 matrices draw ``kappa`` uniformly from ``train_cond`` (``[1, 5]`` by default); test
 split ``"test_cond{c}"`` holds matrices of condition number exactly ``c``, so the
-splits beyond 5 are harder than anything seen in training.
+splits beyond 5 are harder than anything seen in training. The validation split
+``"valid"`` (``val_size`` matrices, for model selection; none with ``val_size=0``) is
+drawn like the training set from a stream of its own.
 
 Training noise. Du et al. 2022 draw a fresh random matrix for every training example;
 here the training set is fixed (so ``start_step`` resumes exactly) and fresh noise is
@@ -39,7 +41,7 @@ from deq_jax.tasks import data
 from deq_jax.tasks.edge_copy import StepNoiseTask
 from deq_jax.tasks.synthetic_1d import mean_squared_error
 
-TRAIN = "train"
+TRAIN, VALID = "train", "valid"
 _PREFIX = "test_cond"
 
 
@@ -79,6 +81,8 @@ class MatrixInversionConfig:
       train_cond: ``(low, high)``; training condition numbers are uniform on it.
       test_conds: one test split ``"test_cond{c}"`` per condition number ``c``.
       test_size: matrices per test split.
+      val_size: matrices of the validation split ``"valid"`` (drawn as the training
+        ones; 0: none).
       noise_std: scale of the training-input noise (0 disables it).
     """
 
@@ -88,14 +92,15 @@ class MatrixInversionConfig:
     train_cond: tuple[float, float] = (1.0, 5.0)
     test_conds: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 50.0)
     test_size: int = 1_000
+    val_size: int = 1_000
     noise_std: float = 0.01
 
     def __post_init__(self):
         object.__setattr__(self, "train_cond", tuple(float(c) for c in self.train_cond))
         object.__setattr__(self, "test_conds", tuple(float(c) for c in self.test_conds))
-        for field in ("seed", "train_size", "dim", "test_size"):
+        for field in ("seed", "train_size", "dim", "test_size", "val_size"):
             value = getattr(self, field)
-            least = {"seed": 0, "dim": 2}.get(field, 1)
+            least = {"seed": 0, "dim": 2, "val_size": 0}.get(field, 1)
             if not isinstance(value, int | np.integer) or value < least:
                 raise ValueError(
                     f"MatrixInversionConfig.{field} must be >= {least}, got {value!r}."
@@ -114,8 +119,10 @@ class MatrixInversionConfig:
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """``("train", "test_cond2", "test_cond5", ...)`` in the order of `test_conds`."""
-        return (TRAIN,) + tuple(f"{_PREFIX}{c:g}" for c in self.test_conds)
+        """``("train", "valid", "test_cond2", "test_cond5", ...)``: tests in the order of
+        `test_conds`, no ``"valid"`` if `val_size` is 0."""
+        valid = (VALID,) if self.val_size else ()
+        return (TRAIN, *valid) + tuple(f"{_PREFIX}{c:g}" for c in self.test_conds)
 
     def check_split(self, split: str) -> None:
         """Raises a ValueError naming the valid splits if ``split`` is not one."""
@@ -125,7 +132,7 @@ class MatrixInversionConfig:
     def size(self, split: str) -> int:
         """Matrices in ``split``."""
         self.check_split(split)
-        return self.train_size if split == TRAIN else self.test_size
+        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
 
 
 @functools.lru_cache(maxsize=16)
@@ -137,11 +144,14 @@ def generate_split(config: MatrixInversionConfig, split: str) -> dict[str, np.nd
       [N]}`` (read-only): ``A``, ``A^-1`` and the condition number of ``A``.
     """
     count = config.size(split)
-    if split == TRAIN:
-        rng = np.random.default_rng(np.random.SeedSequence([config.seed, 0]))
+    if split in (TRAIN, VALID):
+        rng = np.random.default_rng(
+            np.random.SeedSequence([config.seed, 0 if split == TRAIN else 2])
+        )
         conds = rng.uniform(*config.train_cond, size=count)
     else:
-        cond = config.test_conds[config.splits.index(split) - 1]
+        tests = config.splits[-len(config.test_conds) :]  # in the order of test_conds
+        cond = config.test_conds[tests.index(split)]
         rng = np.random.default_rng(np.random.SeedSequence([config.seed, 1, round(cond * 1e6)]))
         conds = np.full(count, cond)
     a, a_inv = random_spd(conds, config.dim, rng)
@@ -177,7 +187,12 @@ class MatrixInversionTask(StepNoiseTask):
     @property
     def eval_splits(self) -> tuple[str, ...]:
         """``("test_cond2", ..., "test_cond50")``."""
-        return self.config.splits[1:]
+        return tuple(s for s in self.config.splits[1:] if s != VALID)
+
+    @property
+    def validation_split(self) -> str | None:
+        """``"valid"``, or ``None`` with ``val_size=0``."""
+        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int]:
@@ -216,6 +231,7 @@ def matrix_inversion(
     train_cond: tuple[float, float] = (1.0, 5.0),
     test_conds: tuple[float, ...] = (2.0, 5.0, 10.0, 20.0, 50.0),
     test_size: int = 1_000,
+    val_size: int = 1_000,
     noise_std: float = 0.01,
 ) -> MatrixInversionTask:
     """Builds the matrix-inversion task; the registry's constructor.
@@ -231,6 +247,7 @@ def matrix_inversion(
         train_cond=tuple(train_cond),
         test_conds=tuple(test_conds),
         test_size=test_size,
+        val_size=val_size,
         noise_std=noise_std,
     )
     return MatrixInversionTask(config)

@@ -22,9 +22,14 @@ Storage. Each split is generated in memory from ``(seed, split)`` (a Python loop
 cells: about 0.7 s for 10,000 9x9 mazes, 0.3 s for 1,000 33x33 ones) and cached per
 process as compact ``(2n + 1)^2`` grids; images are rendered per batch. Mazes are
 distinct within a split; the test split of the training size holds no training maze.
+The validation split ``"valid"`` (``val_size`` mazes of the training size, for model
+selection; none with ``val_size=0``) holds no training maze and none of that test
+split; each split draws from its own stream, so adding it changes no other split.
 Splits read from easy-to-hard files (``files_dir``) are the first ``train_size`` or
-``test_size`` mazes of ``maze_data_train_{S}`` or ``maze_data_test_{S}``, checked to be
-renderings of compact grids and stored as such; their uniqueness is the files' own.
+``test_size`` mazes of ``maze_data_train_{S}`` or ``maze_data_test_{S}``, and
+``"valid"`` the ``val_size`` mazes after the training ones in ``maze_data_train_{S}``,
+checked to be renderings of compact grids and stored as such; their uniqueness is the
+files' own.
 
 Batches are ``{"inputs": float32 [b, H, W, 3], "targets": int32 [b, H, W], "mask":
 bool [b], "index": int32 [b]}``; `maze_accuracy` scores logits ``[B, H, W, 2]`` (or
@@ -59,7 +64,7 @@ from deq_jax.tasks.maze_generator import (
     draws_per_maze,
 )
 
-TRAIN = "train"
+TRAIN, VALID = "train", "valid"
 _COLOURS = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0], [1, 0, 0]], np.float32)  # by code
 _MAX_DRAWS_FACTOR = 20  # give up on distinct mazes after 20 * size + 1000 draws
 
@@ -102,6 +107,8 @@ class MazeConfig:
       train_maze_size: maze size ``S`` of the training split.
       test_maze_sizes: one test split ``"test_{S}"`` per size.
       test_size: mazes per test split.
+      val_size: mazes of the validation split ``"valid"`` (of the training size; 0:
+        none).
       generator: ``"from_start"`` (easy-to-hard-data's) or ``"random_start"``; see
         `deq_jax.tasks.maze_generator`.
       files_dir: if set, the splits are read from easy-to-hard-data's maze folders
@@ -113,6 +120,7 @@ class MazeConfig:
     train_maze_size: int = 9
     test_maze_sizes: tuple[int, ...] = (9, 11, 13, 15, 19, 25, 33)
     test_size: int = 1_000
+    val_size: int = 1_000
     generator: str = FROM_START
     files_dir: str = ""
 
@@ -123,15 +131,17 @@ class MazeConfig:
         object.__setattr__(self, "test_maze_sizes", tuple(int(s) for s in self.test_maze_sizes))
         if not self.test_maze_sizes or len(set(self.test_maze_sizes)) != len(self.test_maze_sizes):
             raise ValueError(f"test_maze_sizes must be distinct sizes, got {self.test_maze_sizes}.")
-        for field in ("seed", "train_size", "test_size"):
-            value, least = getattr(self, field), 0 if field == "seed" else 1
+        for field in ("seed", "train_size", "test_size", "val_size"):
+            value, least = getattr(self, field), 0 if field in ("seed", "val_size") else 1
             if not isinstance(value, int | np.integer) or value < least:
                 raise ValueError(f"MazeConfig.{field} must be >= {least}, got {value!r}.")
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """``("train", "test_9", ...)`` in the order of `test_maze_sizes`."""
-        return (TRAIN,) + tuple(f"test_{s}" for s in self.test_maze_sizes)
+        """``("train", "valid", "test_9", ...)``: tests in the order of
+        `test_maze_sizes`, no ``"valid"`` if `val_size` is 0."""
+        valid = (VALID,) if self.val_size else ()
+        return (TRAIN, *valid) + tuple(f"test_{s}" for s in self.test_maze_sizes)
 
     def check_split(self, split: str) -> None:
         """Raises a ValueError naming the valid splits if ``split`` is not one."""
@@ -141,12 +151,14 @@ class MazeConfig:
     def maze_size(self, split: str) -> int:
         """Maze size ``S`` of ``split``."""
         self.check_split(split)
-        return self.train_maze_size if split == TRAIN else int(split.removeprefix("test_"))
+        if split in (TRAIN, VALID):
+            return self.train_maze_size
+        return int(split.removeprefix("test_"))
 
     def size(self, split: str) -> int:
         """Number of mazes in ``split``."""
         self.check_split(split)
-        return self.train_size if split == TRAIN else self.test_size
+        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
 
 
 @functools.lru_cache(maxsize=32)
@@ -162,9 +174,13 @@ def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
     """
     maze_size, count = config.maze_size(split), config.size(split)
     n = check_maze_size(maze_size)
-    rng = np.random.default_rng(np.random.SeedSequence([config.seed, split != TRAIN, maze_size]))
+    kind = {TRAIN: 0, VALID: 2}.get(split, 1)
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, kind, maze_size]))
     clash = split != TRAIN and maze_size == config.train_maze_size
     seen = {g.tobytes() for g in generate_split(config, TRAIN)["grids"]} if clash else set()
+    test_at_train_size = f"test_{config.train_maze_size}"
+    if split == VALID and test_at_train_size in config.splits:
+        seen |= {g.tobytes() for g in generate_split(config, test_at_train_size)["grids"]}
     grids, paths = [], []
     for _ in range(_MAX_DRAWS_FACTOR * count + 1000):
         if len(grids) == count:
@@ -213,11 +229,14 @@ def read_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
 
     Returns:
       `generate_split`'s ``{"grids", "paths"}`` (read-only) for the first
-      ``config.size(split)`` mazes of the folder.
+      ``config.size(split)`` mazes of the folder (of the training folder after the
+      training mazes, for ``"valid"``).
     """
     maze_size, count = config.maze_size(split), config.size(split)
-    folder = easy_to_hard_files.maze_folder(config.files_dir, train=split == TRAIN, size=maze_size)
-    chunks = easy_to_hard_files.maze_image_chunks(folder, count, image_size(maze_size))
+    in_train = split in (TRAIN, VALID)
+    folder = easy_to_hard_files.maze_folder(config.files_dir, train=in_train, size=maze_size)
+    start = config.train_size if split == VALID else 0
+    chunks = easy_to_hard_files.maze_image_chunks(folder, count, image_size(maze_size), start=start)
     parts = [compact(c["inputs"], c["targets"], f"Mazes in {folder}") for c in chunks]
     raw = {k: np.concatenate([p[k] for p in parts]) for k in ("grids", "paths")}
     raw["grids"].flags.writeable = raw["paths"].flags.writeable = False
@@ -286,7 +305,12 @@ class MazeTask(Task):
     @property
     def eval_splits(self) -> tuple[str, ...]:
         """``("test_9", ..., "test_33")``."""
-        return self.config.splits[1:]
+        return tuple(s for s in self.config.splits[1:] if s != VALID)
+
+    @property
+    def validation_split(self) -> str | None:
+        """``"valid"``, or ``None`` with ``val_size=0``."""
+        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:
@@ -311,6 +335,7 @@ def mazes(
     train_maze_size: int = 9,
     test_maze_sizes: tuple[int, ...] = (9, 11, 13, 15, 19, 25, 33),
     test_size: int = 1_000,
+    val_size: int = 1_000,
     generator: str = FROM_START,
     files_dir: str = "",
 ) -> MazeTask:
@@ -327,6 +352,7 @@ def mazes(
             train_maze_size=train_maze_size,
             test_maze_sizes=tuple(test_maze_sizes),
             test_size=test_size,
+            val_size=val_size,
             generator=generator,
             files_dir=files_dir,
         )

@@ -6,21 +6,26 @@ ones (16 to 512 bits), where extrapolation needs more test-time iterations.
 
 The data are generated deterministically from `PrefixSumConfig` (numpy only) and
 stored as a tfds ``GeneratorBasedBuilder`` in ``array_record`` files, read back with
-``as_data_source()`` — TensorFlow is never needed. Splits are ``"train"`` and
-``"test_{L}"`` for each test length.
+``as_data_source()`` — TensorFlow is never needed. Splits are ``"train"``, the
+validation split ``"valid"`` (``val_size`` strings of the training length, for model
+selection; none with ``val_size=0``) and ``"test_{L}"`` for each test length.
 
 Uniqueness and overlap: the strings within each split are unique. The test split whose
-length equals ``train_length`` contains no training string; test splits of other lengths
-cannot overlap the training strings. Test strings of one length are drawn independently
-of those of any other length. A split asks for at most as many strings as exist
-(``2**L``, less the training strings at ``train_length``); otherwise the config raises.
+length equals ``train_length`` contains no training string, and ``"valid"`` holds neither
+a training string nor one of that test split; test splits of other lengths cannot
+overlap the training strings. Adding or resizing ``"valid"`` leaves the training and
+test strings as they were (each split draws from its own stream). Test strings of one
+length are drawn independently of those of any other length. A split asks for at most
+as many strings as exist (``2**L``, less the strings taken at ``train_length``);
+otherwise the config raises.
 
 easy-to-hard files. With ``files_dir`` set, the splits are read from easy-to-hard-data's
 prefix-sum files there instead (``{L}_data.npy`` and ``{L}_targets.npy``, see
 `deq_jax.tasks.easy_to_hard_files`): ``"train"`` is the first ``train_size`` strings of
 the ``train_length`` files, ``"test_{L}"`` the first ``test_size`` of the ``L`` files, or,
-at ``L = train_length``, the ``test_size`` strings after the training ones (so no test
-string is a training row; the files' own strings are unique per length when generated
+at ``L = train_length``, the ``test_size`` strings after the training ones, and
+``"valid"`` the ``val_size`` strings after those (so no test or validation string is a
+training row; the files' own strings are unique per length when generated
 by ``make_prefixsums.py`` below 24 bits, and drawn at random above). Targets are checked
 to be the prefix parities of the inputs.
 
@@ -40,9 +45,9 @@ import tensorflow_datasets as tfds
 
 from deq_jax.tasks import _tfds, data, easy_to_hard_files
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.bit_strings import cumulative_parity, random_strings
 
-TRAIN = "train"
-_ENUMERATE_MAX_LENGTH = 20  # up to 2**20 candidates: sample without replacement exactly
+TRAIN, VALID = "train", "valid"
 
 _CITATION = """
 @inproceedings{schwarzschild2021can,
@@ -73,6 +78,9 @@ class PrefixSumConfig:
       train_length: bits per training string.
       test_lengths: one test split ``"test_{L}"`` per length.
       test_size: strings per test split.
+      val_size: strings of the validation split ``"valid"`` (``train_length`` bits,
+        disjoint from the training strings and from the test split of that length);
+        0: no validation split.
     """
 
     seed: int = 0
@@ -80,25 +88,30 @@ class PrefixSumConfig:
     train_length: int = 32
     test_lengths: tuple[int, ...] = (16, 32, 48, 64, 128, 256, 512)
     test_size: int = 10_000
+    val_size: int = 1_000
 
     def __post_init__(self):
         object.__setattr__(self, "test_lengths", tuple(int(n) for n in self.test_lengths))
-        for field in ("seed", "train_size", "train_length", "test_size"):
+        for field in ("seed", "train_size", "train_length", "test_size", "val_size"):
             value = getattr(self, field)
-            least = 0 if field == "seed" else 1
+            least = 0 if field in ("seed", "val_size") else 1
             if not isinstance(value, int | np.integer) or value < least:
                 raise ValueError(f"PrefixSumConfig.{field} must be >= {least}, got {value!r}.")
         if not self.test_lengths or min(self.test_lengths) < 1:
             raise ValueError(f"test_lengths must be positive lengths, got {self.test_lengths}.")
         if len(set(self.test_lengths)) != len(self.test_lengths):
             raise ValueError(f"test_lengths must be distinct, got {self.test_lengths}.")
-        for split in self.splits:
+        for split in sorted(self.splits, key=lambda s: s == VALID):  # "valid" last
             length, size = self.length(split), self.size(split)
             taken = self.train_size if split != TRAIN and length == self.train_length else 0
+            if split == VALID and self.train_length in self.test_lengths:
+                taken += self.test_size
             if size > 2**length - taken:
+                besides = "training and test strings" if split == VALID else "training strings"
+                hint = "; lower val_size (0: no validation split)" if split == VALID else ""
                 raise ValueError(
                     f"Split {split!r} asks for {size} unique {length}-bit strings but only "
-                    f"{2**length - taken} exist (excluding training strings)."
+                    f"{2**length - taken} exist besides the {besides}{hint}."
                 )
 
     @property
@@ -107,13 +120,15 @@ class PrefixSumConfig:
         lengths = "_".join(map(str, self.test_lengths))
         return (
             f"seed{self.seed}-train{self.train_size}x{self.train_length}"
-            f"-test{self.test_size}x{lengths}"
+            f"-test{self.test_size}x{lengths}" + (f"-val{self.val_size}" if self.val_size else "")
         )
 
     @property
     def splits(self) -> tuple[str, ...]:
-        """``("train", "test_16", ...)`` in the order of `test_lengths`."""
-        return (TRAIN,) + tuple(_test_split(n) for n in self.test_lengths)
+        """``("train", "valid", "test_16", ...)``: tests in the order of `test_lengths`,
+        no ``"valid"`` if `val_size` is 0."""
+        valid = (VALID,) if self.val_size else ()
+        return (TRAIN, *valid) + tuple(_test_split(n) for n in self.test_lengths)
 
     def check_split(self, split: str) -> None:
         """Raises a ValueError naming the valid splits if ``split`` is not one."""
@@ -123,76 +138,27 @@ class PrefixSumConfig:
     def length(self, split: str) -> int:
         """Bits per string in ``split``."""
         self.check_split(split)
-        return self.train_length if split == TRAIN else int(split.removeprefix("test_"))
+        if split in (TRAIN, VALID):
+            return self.train_length
+        return int(split.removeprefix("test_"))
 
     def size(self, split: str) -> int:
         """Number of strings in ``split``."""
         self.check_split(split)
-        return self.train_size if split == TRAIN else self.test_size
-
-
-def cumulative_parity(bits: np.ndarray) -> np.ndarray:
-    """Prefix-sum targets: ``out[..., i] = sum(bits[..., :i + 1]) mod 2``, same dtype."""
-    return (np.cumsum(bits, axis=-1) % 2).astype(bits.dtype)
-
-
-def _to_bits(values: np.ndarray, length: int) -> np.ndarray:
-    """Integers ``[N]`` to their big-endian bits ``[N, length]`` (uint8)."""
-    shifts = np.arange(length - 1, -1, -1, dtype=np.int64)
-    return ((values[:, None].astype(np.int64) >> shifts) & 1).astype(np.uint8)
-
-
-def _to_ints(bits: np.ndarray) -> np.ndarray:
-    """Big-endian bits ``[N, L]`` (L <= 62) to integers ``[N]``."""
-    weights = 2 ** np.arange(bits.shape[1] - 1, -1, -1, dtype=np.int64)
-    return bits.astype(np.int64) @ weights
-
-
-def random_strings(
-    length: int, size: int, rng: np.random.Generator, *, exclude: np.ndarray | None = None
-) -> np.ndarray:
-    """Draws ``size`` distinct random bit strings, none of them in ``exclude``.
-
-    Args:
-      length: bits per string.
-      size: number of strings.
-      rng: the source of randomness; the result is a function of its state.
-      exclude: optional ``[M, length]`` strings that must not be drawn.
-
-    Returns:
-      ``[size, length]`` uint8 array of 0/1, rows distinct, in draw order.
-    """
-    if length < 1:
-        raise ValueError(f"length must be >= 1, got {length}.")
-    exclude = np.zeros((0, length), np.uint8) if exclude is None else np.asarray(exclude)
-    if exclude.ndim != 2 or exclude.shape[1] != length:
-        raise ValueError(f"exclude must be [M, {length}], got shape {exclude.shape}.")
-    if length <= _ENUMERATE_MAX_LENGTH:
-        pool = np.setdiff1d(np.arange(2**length), _to_ints(exclude))
-        if size > len(pool):
-            raise ValueError(f"Only {len(pool)} {length}-bit strings are available, not {size}.")
-        return _to_bits(rng.choice(pool, size=size, replace=False), length)
-    seen = {row.tobytes() for row in np.packbits(exclude.astype(np.uint8), axis=-1)}
-    if size > 2**length - len(seen):
-        raise ValueError(f"Only {2**length - len(seen)} {length}-bit strings are available.")
-    rows = []
-    while len(rows) < size:
-        candidates = rng.integers(0, 2, size=(size - len(rows), length), dtype=np.uint8)
-        for row, key in zip(candidates, np.packbits(candidates, axis=-1), strict=True):
-            if key.tobytes() not in seen:
-                seen.add(key.tobytes())
-                rows.append(row)
-    return np.stack(rows) if rows else np.zeros((0, length), np.uint8)
+        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
 
 
 def generate_split(config: PrefixSumConfig, split: str) -> dict[str, np.ndarray]:
     """Generates one split: ``{"inputs": uint8 [N, L], "targets": uint8 [N, L]}``."""
     length, size = config.length(split), config.size(split)
-    kind = 0 if split == TRAIN else 1
+    kind = {TRAIN: 0, VALID: 2}.get(split, 1)
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, kind, length]))
     exclude = None
     if split != TRAIN and length == config.train_length:
         exclude = generate_split(config, TRAIN)["inputs"]
+    test_at_train_length = _test_split(config.train_length)
+    if split == VALID and test_at_train_length in config.splits:
+        exclude = np.concatenate([exclude, generate_split(config, test_at_train_length)["inputs"]])
     inputs = random_strings(length, size, rng, exclude=exclude)
     return {"inputs": inputs, "targets": cumulative_parity(inputs)}
 
@@ -270,6 +236,8 @@ def read_split(config: PrefixSumConfig, split: str, files_dir: str) -> dict[str,
     """
     length, count = config.length(split), config.size(split)
     start = config.train_size if split != TRAIN and length == config.train_length else 0
+    if split == VALID and config.train_length in config.test_lengths:
+        start += config.test_size
     raw = easy_to_hard_files.read_prefix_sum_files(files_dir, length, start=start, count=count)
     if not np.array_equal(raw["targets"], cumulative_parity(raw["inputs"])):
         raise ValueError(
@@ -327,7 +295,12 @@ class PrefixSumTask(Task):
     @property
     def eval_splits(self) -> tuple[str, ...]:
         """``("test_16", ..., "test_512")``."""
-        return self.config.splits[1:]
+        return tuple(s for s in self.config.splits[1:] if s != VALID)
+
+    @property
+    def validation_split(self) -> str | None:
+        """``"valid"``, or ``None`` with ``val_size=0``."""
+        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int]:
@@ -375,6 +348,7 @@ def prefix_sum(
     train_length: int = 32,
     test_lengths: tuple[int, ...] = (16, 32, 48, 64, 128, 256, 512),
     test_size: int = 10_000,
+    val_size: int = 1_000,
     files_dir: str = "",
 ) -> PrefixSumTask:
     """Builds the prefix-sum task; the registry's constructor (see `PrefixSumConfig`).
@@ -387,5 +361,6 @@ def prefix_sum(
         train_length=train_length,
         test_lengths=tuple(test_lengths),
         test_size=test_size,
+        val_size=val_size,
     )
     return PrefixSumTask(config, data_dir=data_dir, files_dir=files_dir)

@@ -133,6 +133,7 @@ class Synthetic1DTask(Task):
     input_shape = (1,)
     train_split = TRAIN
     eval_splits = (VALIDATION,)
+    validation_split = VALIDATION
     splits = SPLITS
 
     def __init__(self, config: Synthetic1DConfig = Synthetic1DConfig()):

@@ -143,6 +143,7 @@ class TextTask:
 
     train_split = TRAIN
     eval_splits = (VALID, TEST)
+    validation_split = VALID
     splits = text_corpus.SPLITS
 
     def __init__(

@@ -10,7 +10,8 @@ report and ``launch.evaluate`` score that state (CLRS's model selection on ``val
 
 The metric and its direction are the task's (`deq_jax.tasks.Task.selection_metric`)
 unless ``eval.select_metric`` (and ``eval.select_mode``) name others; the split is the
-task's first eval split unless ``eval.select_split`` names one.
+task's validation split (`deq_jax.tasks.Task.validation_split`; without one, its first
+eval split) unless ``eval.select_split`` names one.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022
@@ -55,7 +56,8 @@ class SelectionRule(NamedTuple):
     @classmethod
     def from_config(cls, eval_section: Mapping[str, Any], task: Any) -> SelectionRule:
         """The rule of ``config.eval`` for ``task``: ``select_split`` (default: the
-        first of ``eval.splits`` or of the task's eval splits), ``select_metric`` and
+        task's `validation_split`, or without one the first of ``eval.splits`` or of
+        the task's eval splits), ``select_metric`` and
         ``select_mode`` (default: the task's `selection_metric`; a metric named
         without a mode is minimised if it is in `LOWER_IS_BETTER`).
 
@@ -64,7 +66,8 @@ class SelectionRule(NamedTuple):
             the key and the valid values.
         """
         splits = tuple(eval_section.get("splits", ())) or tuple(task.eval_splits)
-        split = eval_section.get("select_split", "") or splits[0]
+        valid = getattr(task, "validation_split", None)  # a duck-typed task may lack it
+        split = eval_section.get("select_split", "") or valid or splits[0]
         if split not in task.splits:
             raise ValueError(
                 f"eval.select_split={split!r} is not a split of the task; valid: "

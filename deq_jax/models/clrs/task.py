@@ -36,7 +36,7 @@ import numpy as np
 import optax
 
 from deq_jax.models.clrs import augment, specs
-from deq_jax.models.clrs.dataset import TRAIN, ClrsConfig, generate_split
+from deq_jax.models.clrs.dataset import TRAIN, VAL, ClrsConfig, generate_split
 from deq_jax.models.clrs.evaluation import f1_from_counts, mask_score, pointer_score
 from deq_jax.models.clrs.local_rules import lightest_neighbours
 from deq_jax.tasks import data
@@ -124,6 +124,7 @@ class ClrsTask(Task):
             )
 
     selection_metric = ("score", "max")  # CLRS selects on the val score
+    validation_split = VAL
 
     @property
     def num_classes(self) -> int:
