@@ -45,8 +45,8 @@ import numpy as np
 
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.splits import TRAIN, VALID, HeldOutSplits, SplitSizes
 
-TRAIN, VALID = "train", "valid"
 _NOISE_STREAM = 7919  # separates the noise streams from the shuffling streams
 
 
@@ -112,7 +112,7 @@ class StepNoiseTask(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class EdgeCopyConfig:
+class EdgeCopyConfig(SplitSizes):
     """What to generate (frozen, hashable).
 
     Attributes:
@@ -158,28 +158,13 @@ class EdgeCopyConfig:
             raise ValueError(f"noise_std must be >= 0, got {self.noise_std}.")
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """``("train", "valid", "test_10", ...)``: tests in the order of `test_nodes`,
-        no ``"valid"`` if `val_size` is 0."""
-        valid = (VALID,) if self.val_size else ()
-        return (TRAIN, *valid) + tuple(f"test_{n}" for n in self.test_nodes)
-
-    def check_split(self, split: str) -> None:
-        """Raises a ValueError naming the valid splits if ``split`` is not one."""
-        if split not in self.splits:
-            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
+    def test_splits(self) -> tuple[str, ...]:
+        """``("test_10", ...)`` in the order of `test_nodes`."""
+        return tuple(f"test_{n}" for n in self.test_nodes)
 
     def nodes(self, split: str) -> int:
         """Nodes per graph in ``split``."""
-        self.check_split(split)
-        if split in (TRAIN, VALID):
-            return self.train_nodes
-        return int(split.removeprefix("test_"))
-
-    def size(self, split: str) -> int:
-        """Graphs in ``split``."""
-        self.check_split(split)
-        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
+        return self.scale(split, self.train_nodes)
 
 
 @functools.lru_cache(maxsize=16)
@@ -237,7 +222,7 @@ def edge_mse(predictions, targets, adjacency, mask=None) -> dict:
     return {"mse": jnp.sum(weight * per_graph) / jnp.maximum(count, 1.0), "count": count}
 
 
-class EdgeCopyTask(StepNoiseTask):
+class EdgeCopyTask(HeldOutSplits, StepNoiseTask):
     """The edge-copy task behind the uniform task interface (see `deq_jax.tasks`).
 
     Unlike classification tasks, `metrics` needs the batch's ``adjacency``.
@@ -258,16 +243,6 @@ class EdgeCopyTask(StepNoiseTask):
     def num_outputs(self) -> int:
         """Features per edge ``C``."""
         return self.config.num_features
-
-    @property
-    def eval_splits(self) -> tuple[str, ...]:
-        """``("test_10", "test_20", "test_40")``."""
-        return tuple(s for s in self.config.splits[1:] if s != VALID)
-
-    @property
-    def validation_split(self) -> str | None:
-        """``"valid"``, or ``None`` with ``val_size=0``."""
-        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -39,9 +39,9 @@ import numpy as np
 
 from deq_jax.tasks import data
 from deq_jax.tasks.edge_copy import StepNoiseTask
+from deq_jax.tasks.splits import TRAIN, VALID, HeldOutSplits, SplitSizes
 from deq_jax.tasks.synthetic_1d import mean_squared_error
 
-TRAIN, VALID = "train", "valid"
 _PREFIX = "test_cond"
 
 
@@ -71,7 +71,7 @@ def random_spd(
 
 
 @dataclasses.dataclass(frozen=True)
-class MatrixInversionConfig:
+class MatrixInversionConfig(SplitSizes):
     """What to generate (frozen, hashable).
 
     Attributes:
@@ -118,21 +118,9 @@ class MatrixInversionConfig:
             raise ValueError(f"noise_std must be >= 0, got {self.noise_std}.")
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """``("train", "valid", "test_cond2", "test_cond5", ...)``: tests in the order of
-        `test_conds`, no ``"valid"`` if `val_size` is 0."""
-        valid = (VALID,) if self.val_size else ()
-        return (TRAIN, *valid) + tuple(f"{_PREFIX}{c:g}" for c in self.test_conds)
-
-    def check_split(self, split: str) -> None:
-        """Raises a ValueError naming the valid splits if ``split`` is not one."""
-        if split not in self.splits:
-            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
-
-    def size(self, split: str) -> int:
-        """Matrices in ``split``."""
-        self.check_split(split)
-        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
+    def test_splits(self) -> tuple[str, ...]:
+        """``("test_cond2", "test_cond5", ...)`` in the order of `test_conds`."""
+        return tuple(f"{_PREFIX}{c:g}" for c in self.test_conds)
 
 
 @functools.lru_cache(maxsize=16)
@@ -150,8 +138,7 @@ def generate_split(config: MatrixInversionConfig, split: str) -> dict[str, np.nd
         )
         conds = rng.uniform(*config.train_cond, size=count)
     else:
-        tests = config.splits[-len(config.test_conds) :]  # in the order of test_conds
-        cond = config.test_conds[tests.index(split)]
+        cond = config.test_conds[config.test_splits.index(split)]
         rng = np.random.default_rng(np.random.SeedSequence([config.seed, 1, round(cond * 1e6)]))
         conds = np.full(count, cond)
     a, a_inv = random_spd(conds, config.dim, rng)
@@ -165,7 +152,7 @@ def generate_split(config: MatrixInversionConfig, split: str) -> dict[str, np.nd
     return out
 
 
-class MatrixInversionTask(StepNoiseTask):
+class MatrixInversionTask(HeldOutSplits, StepNoiseTask):
     """The matrix-inversion task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -183,16 +170,6 @@ class MatrixInversionTask(StepNoiseTask):
     def num_outputs(self) -> int:
         """Outputs per example, ``d * d``."""
         return self.config.dim**2
-
-    @property
-    def eval_splits(self) -> tuple[str, ...]:
-        """``("test_cond2", ..., "test_cond50")``."""
-        return tuple(s for s in self.config.splits[1:] if s != VALID)
-
-    @property
-    def validation_split(self) -> str | None:
-        """``"valid"``, or ``None`` with ``val_size=0``."""
-        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int]:

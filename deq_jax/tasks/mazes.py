@@ -63,8 +63,8 @@ from deq_jax.tasks.maze_generator import (
     draw_maze,
     draws_per_maze,
 )
+from deq_jax.tasks.splits import TRAIN, VALID, HeldOutSplits, SplitSizes
 
-TRAIN, VALID = "train", "valid"
 _COLOURS = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 0], [1, 0, 0]], np.float32)  # by code
 _MAX_DRAWS_FACTOR = 20  # give up on distinct mazes after 20 * size + 1000 draws
 
@@ -98,7 +98,7 @@ def render(grids: np.ndarray, paths: np.ndarray) -> dict[str, np.ndarray]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MazeConfig:
+class MazeConfig(SplitSizes):
     """What to generate (frozen, hashable).
 
     Attributes:
@@ -137,28 +137,13 @@ class MazeConfig:
                 raise ValueError(f"MazeConfig.{field} must be >= {least}, got {value!r}.")
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """``("train", "valid", "test_9", ...)``: tests in the order of
-        `test_maze_sizes`, no ``"valid"`` if `val_size` is 0."""
-        valid = (VALID,) if self.val_size else ()
-        return (TRAIN, *valid) + tuple(f"test_{s}" for s in self.test_maze_sizes)
-
-    def check_split(self, split: str) -> None:
-        """Raises a ValueError naming the valid splits if ``split`` is not one."""
-        if split not in self.splits:
-            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
+    def test_splits(self) -> tuple[str, ...]:
+        """``("test_9", ...)`` in the order of `test_maze_sizes`."""
+        return tuple(f"test_{s}" for s in self.test_maze_sizes)
 
     def maze_size(self, split: str) -> int:
         """Maze size ``S`` of ``split``."""
-        self.check_split(split)
-        if split in (TRAIN, VALID):
-            return self.train_maze_size
-        return int(split.removeprefix("test_"))
-
-    def size(self, split: str) -> int:
-        """Number of mazes in ``split``."""
-        self.check_split(split)
-        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
+        return self.scale(split, self.train_maze_size)
 
 
 @functools.lru_cache(maxsize=32)
@@ -291,7 +276,7 @@ def maze_accuracy(logits, targets, mask=None) -> dict:
     return {names.get(k, k): v for k, v in data.sequence_accuracy(logits, targets, mask).items()}
 
 
-class MazeTask(Task):
+class MazeTask(HeldOutSplits, Task):
     """The maze task of ``config`` behind the uniform task interface (see `deq_jax.tasks`)."""
 
     name = "mazes"
@@ -301,16 +286,6 @@ class MazeTask(Task):
 
     def __init__(self, config: MazeConfig = MazeConfig()):
         self.config = config
-
-    @property
-    def eval_splits(self) -> tuple[str, ...]:
-        """``("test_9", ..., "test_33")``."""
-        return tuple(s for s in self.config.splits[1:] if s != VALID)
-
-    @property
-    def validation_split(self) -> str | None:
-        """``"valid"``, or ``None`` with ``val_size=0``."""
-        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -46,8 +46,7 @@ import tensorflow_datasets as tfds
 from deq_jax.tasks import _tfds, data, easy_to_hard_files
 from deq_jax.tasks.base import Task
 from deq_jax.tasks.bit_strings import cumulative_parity, random_strings
-
-TRAIN, VALID = "train", "valid"
+from deq_jax.tasks.splits import TRAIN, VALID, HeldOutSplits, SplitSizes
 
 _CITATION = """
 @inproceedings{schwarzschild2021can,
@@ -69,7 +68,7 @@ def _test_split(length: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class PrefixSumConfig:
+class PrefixSumConfig(SplitSizes):
     """What to generate. Hashable; its `name` identifies the data on disk.
 
     Attributes:
@@ -124,28 +123,13 @@ class PrefixSumConfig:
         )
 
     @property
-    def splits(self) -> tuple[str, ...]:
-        """``("train", "valid", "test_16", ...)``: tests in the order of `test_lengths`,
-        no ``"valid"`` if `val_size` is 0."""
-        valid = (VALID,) if self.val_size else ()
-        return (TRAIN, *valid) + tuple(_test_split(n) for n in self.test_lengths)
-
-    def check_split(self, split: str) -> None:
-        """Raises a ValueError naming the valid splits if ``split`` is not one."""
-        if split not in self.splits:
-            raise ValueError(f"Unknown split {split!r}. Valid splits: {', '.join(self.splits)}.")
+    def test_splits(self) -> tuple[str, ...]:
+        """``("test_16", ...)`` in the order of `test_lengths`."""
+        return tuple(_test_split(n) for n in self.test_lengths)
 
     def length(self, split: str) -> int:
         """Bits per string in ``split``."""
-        self.check_split(split)
-        if split in (TRAIN, VALID):
-            return self.train_length
-        return int(split.removeprefix("test_"))
-
-    def size(self, split: str) -> int:
-        """Number of strings in ``split``."""
-        self.check_split(split)
-        return {TRAIN: self.train_size, VALID: self.val_size}.get(split, self.test_size)
+        return self.scale(split, self.train_length)
 
 
 def generate_split(config: PrefixSumConfig, split: str) -> dict[str, np.ndarray]:
@@ -266,7 +250,7 @@ def load(
     }
 
 
-class PrefixSumTask(Task):
+class PrefixSumTask(HeldOutSplits, Task):
     """The prefix-sum task behind the uniform task interface (see `deq_jax.tasks`).
 
     Args:
@@ -291,16 +275,6 @@ class PrefixSumTask(Task):
         self.data_dir = data_dir
         self.files_dir = files_dir
         self._arrays: dict[str, dict[str, np.ndarray]] = {}
-
-    @property
-    def eval_splits(self) -> tuple[str, ...]:
-        """``("test_16", ..., "test_512")``."""
-        return tuple(s for s in self.config.splits[1:] if s != VALID)
-
-    @property
-    def validation_split(self) -> str | None:
-        """``"valid"``, or ``None`` with ``val_size=0``."""
-        return VALID if self.config.val_size else None
 
     @property
     def input_shape(self) -> tuple[int, int]:
