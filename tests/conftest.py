@@ -40,26 +40,39 @@ if os.environ.get("DEQ_JAX_TEST_CACHE"):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
-# The default suite's longest modules, longest first, by the CPU seconds of
-# ``python -m pytest -q -n 0 tests/<module>`` on the shared 2-core machine
-# (BUILD_NOTES.md, "Build and test"): every measured module of 15 s or more. A module
-# missing here only loses its early start.
+# The default suite's longest modules, longest first: the sum of their tests' seconds in
+# the 120 longest test phases of the CI command's ``--durations=120`` (commit d6305d9,
+# 976 tests, on the 2-core machine shared with a training job: wall was about 2.9x the
+# CPU; a lower bound for a module of many short tests). Every module of 50 s or more
+# there (BUILD_NOTES.md, "Build and test"). A module missing here only loses its early
+# start.
 LONGEST_MODULES = (
-    "test_neural_solver_launch.py",  # 137 s: the digits DEQ, its hypersolver, the sweep
-    "test_mdeq_training.py",  # 119 s
-    "test_path_independence_training.py",  # 102 s
-    "test_maze_model.py",  # 89 s
-    "test_training_multihost.py",  # 65 s
-    "test_clrs_launch.py",  # 63 s
-    "test_mdeq_step_cost.py",  # 61 s
-    "test_training_multidevice.py",  # 47 s
-    "test_properties.py",  # 32 s
-    "test_neural_solver_multiscale.py",  # 21 s
-    "test_benchmark_solvers.py",  # 21 s
-    "test_analysis_trajectory.py",  # 20 s
-    "test_readme.py",  # 20 s
-    "test_solvers_unrolled.py",  # 15 s
-    "test_training_nonfinite.py",  # 15 s
+    "test_language_model.py",  # 671 s
+    "test_mdeq.py",  # 499 s
+    "test_combinators.py",  # 423 s
+    "test_clrs_model.py",  # 376 s
+    "test_backward.py",  # 337 s
+    "test_neural_solver.py",  # 279 s
+    "test_mdeq_training.py",  # 260 s
+    "test_neural_solver_launch.py",  # 210 s: the digits DEQ, its hypersolver, the sweep
+    "test_lm_training.py",  # 176 s
+    "test_training_multidevice.py",  # 163 s
+    "test_training_run.py",  # 157 s
+    "test_training_jacobian.py",  # 154 s
+    "test_nonfinite_values.py",  # 150 s
+    "test_analysis_path_independence.py",  # 139 s
+    "test_reasoning_models.py",  # 136 s
+    "test_path_independence_training.py",  # 127 s
+    "test_clrs_launch.py",  # 111 s
+    "test_mdeq_step_cost.py",  # 107 s
+    "test_training_multihost.py",  # 101 s
+    "test_maze_model.py",  # 90 s
+    "test_benchmark_solvers.py",  # 71 s
+    "test_settle.py",  # 56 s
+    "test_properties.py",  # 56 s
+    "test_readme.py",  # 56 s
+    "test_nn_deq.py",  # 54 s
+    "test_nn_cells.py",  # 51 s
 )
 
 

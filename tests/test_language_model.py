@@ -1,6 +1,8 @@
 """DEQTransformerLM: shapes, relative positions, causality, memory, adaptive softmax,
 gradients, dropout, the explicit and unrolled modes, and bad input."""
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -42,6 +44,13 @@ def tokens(seed=0, length=L, batch=B):
 
 def init(model, toks=None):
     toks = tokens() if toks is None else toks
+    return _jit_init(model, toks)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jit_init(model, toks):
+    # One program per model: eager `init` compiled each op on its own (8 tests of this
+    # module: 635 -> 526 compiles, 86.5 -> 75.9 CPU s).
     return model.init(jax.random.PRNGKey(1), toks, mems=model.init_mems(toks.shape[0]), train=False)
 
 

@@ -138,9 +138,16 @@ def test_spec_validates_and_lists_keys():
 
 @pytest.fixture(scope="module")
 def trained_digits(tmp_path_factory):
-    """A smoke-sized digits DEQ trained once for the tests below."""
+    """A smoke-sized digits DEQ trained once for the tests below.
+
+    They need its checkpoint and train time only, so the Jacobian regulariser, the
+    spectral probe and the periodic evaluation are off (each compiles a program of its
+    own; the regularised digits run is `test_training_jacobian.py`'s), and the final
+    report runs at one budget."""
     workdir = str(tmp_path_factory.mktemp("digits_deq"))
     config = digits.get_config("smoke")
+    config.regularizer.update(dict(jacobian_weight=0.0, spectral_every=0))
+    config.eval.update(dict(every_steps=0, budget_multipliers=(1,)))
     train_and_evaluate(config, workdir, emit=lambda line: None)
     return workdir
 

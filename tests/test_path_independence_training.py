@@ -135,6 +135,10 @@ def test_train_with_random_budget_and_alignment(tmp_path):
     config.path_independence.budget_choices = 3
     config.path_independence.alignment_weight = 0.5
     config.log.every_steps = 1
+    # Only the training metrics are checked: no periodic evaluation, a one-length,
+    # one-budget final report (each length and budget compiles an eval program).
+    config.eval.update(dict(every_steps=0, budget_multipliers=(1,), report_max_batches=1))
+    config.task.test_lengths = (16,)
     train_and_evaluate(config, str(tmp_path), emit=lambda line: None)
     train = [m for m in read_metrics(str(tmp_path)) if "train_budget" in m]
     assert train and all(m["train_budget"] in (2.0, 4.0, 6.0) for m in train)

@@ -1,14 +1,10 @@
 """Non-finite training steps: skipped with the state bit-for-bit unchanged, counted, and
 too many in a row stop the run (the end-to-end runs are in test_training_run.py)."""
 
-import json
-import os
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
+from conftest import run_on_devices
 from test_lm_training import smoke_config as lm_smoke_config
 from test_lm_training import write_corpus
 
@@ -27,8 +23,6 @@ from deq_jax.training.nonfinite import (
 )
 from deq_jax.training.steps import make_train_step
 from deq_jax.training.train import interval_mean
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _identical(a, b):
@@ -187,18 +181,8 @@ print("RESULT " + json.dumps(result))
 
 @pytest.mark.slow  # a subprocess with 4 simulated devices compiles the step (about 40 s)
 def test_sharded_step_skips_on_every_device(tmp_path):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    args = [str(tmp_path / "run"), str(tmp_path / "data")]
-    out = subprocess.run(
-        [sys.executable, "-c", _SHARDED_SCRIPT, *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    result = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    # run_on_devices keeps the suite's XLA_FLAGS (optimisation level 0) and adds the count.
+    result = run_on_devices(
+        _SHARDED_SCRIPT, tmp_path / "run", tmp_path / "data", devices=4, timeout=900
+    )
     assert result == {"devices": 4, "skipped": 1.0, "same": True}
