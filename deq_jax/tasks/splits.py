@@ -10,10 +10,12 @@ in `SplitSizes.test_splits`); its task mixes in `HeldOutSplits`.
 
 from __future__ import annotations
 
+import abc
+
 TRAIN, VALID = "train", "valid"
 
 
-class SplitSizes:
+class SplitSizes(abc.ABC):
     """Mixin of a generated task's config: its split names, checks and sizes.
 
     The config defines the fields ``train_size``, ``val_size`` and ``test_size`` and the
@@ -21,9 +23,9 @@ class SplitSizes:
     """
 
     @property
+    @abc.abstractmethod
     def test_splits(self) -> tuple[str, ...]:
         """The test splits, in the config's order."""
-        raise NotImplementedError
 
     @property
     def splits(self) -> tuple[str, ...]:
