@@ -261,13 +261,25 @@ def load_hypersolver(
     Raises:
       FileNotFoundError: if ``workdir`` holds no ``neural_solver.json``.
     """
-    path = os.path.join(workdir, REPORT_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No {REPORT_FILE} in {workdir}: run train_hypersolver first.")
-    with open(path) as f:
-        report = json.load(f)
+    report = read_solver_report(workdir)
     deq, frozen = restore_deq(config, emit)
     return HyperSolverRun(deq, frozen, restore_solvers(report, workdir), report)
+
+
+def read_solver_report(workdir: str) -> dict[str, Any]:
+    """The ``neural_solver.json`` a solver fit wrote to ``workdir``.
+
+    Raises:
+      FileNotFoundError: if there is none (no solver was fitted there).
+    """
+    path = os.path.join(workdir, REPORT_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"No {REPORT_FILE} in {workdir}: fit a solver there first "
+            "(python -m launch.main with a *_hypersolver config and this --workdir)."
+        )
+    with open(path) as f:
+        return json.load(f)
 
 
 def restore_solvers(

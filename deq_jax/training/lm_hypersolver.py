@@ -42,6 +42,7 @@ from deq_jax.training.hypersolver import (
     count_params,
     fit_report,
     fit_variants,
+    read_solver_report,
     restore_solvers,
 )
 from deq_jax.training.lm_evaluate import StreamEvaluator
@@ -194,10 +195,6 @@ def load_lm_hypersolver(
     Raises:
       FileNotFoundError: if ``workdir`` holds no ``neural_solver.json``.
     """
-    path = os.path.join(workdir, REPORT_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No {REPORT_FILE} in {workdir}: fit a solver there first.")
-    with open(path) as f:
-        report = json.load(f)
+    report = read_solver_report(workdir)
     run, frozen = restore_lm(config, emit)
     return HyperSolverRun(run, frozen, restore_solvers(report, workdir), report)
