@@ -62,7 +62,7 @@ from deq_jax.training import NonFiniteLossError, SettleRule, evaluate
 from launch import clrs_steps, seeds
 from launch import main as launch_main
 from launch.clrs_report_plots import REFERENCE_RULES, write_figure
-from launch.runs import apply_overrides, best_run, quiet
+from launch.runs import apply_overrides, best_run, quiet, write_report
 
 REPORT = "clrs_report"
 # Test score at 64 nodes of the DEQ column of Xhonneux et al. (2024), in percent.
@@ -342,18 +342,14 @@ def run_report(
         overrides=list(overrides),
         answer_steps=answer_steps,
     )
-    paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md", "png")}
-    report["figure"] = write_figure(rows, paths["png"])
+    png = os.path.join(root, f"{REPORT}.png")
+    report["figure"] = write_figure(rows, png)
     table = markdown(rows)
     if summary:
         table += f"\nMean ± std over train seeds {list(train_seeds)}:\n\n"
         table += summary_markdown(summary)
-    with open(paths["md"], "w") as f:
-        f.write(table)
-    with open(paths["json"], "w") as f:
-        json.dump(report, f, indent=1)
     emit(table)
-    emit(f"Wrote {', '.join(paths.values())}")
+    write_report(os.path.join(root, f"{REPORT}.json"), report, table, also=[png], emit=emit)
     return report
 
 

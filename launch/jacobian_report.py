@@ -36,7 +36,6 @@ References:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -49,7 +48,7 @@ from absl import app, flags
 
 from launch import main as launch_main
 from launch import seeds as seed_stats
-from launch.runs import best_run, trained_run
+from launch.runs import best_run, trained_run, write_report
 
 
 def define_flags() -> None:
@@ -353,10 +352,7 @@ def run_report(
                 f"{name} train step: {1e3 * t['off_seconds']:.2f} ms without the regulariser, "
                 f"{1e3 * t['p1_seconds']:.2f} ms with p=1 (ratio {t['ratio']:.2f})"
             )
-    path = os.path.join(workdir, REPORT_FILE)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    emit(f"Wrote {path}")
+    write_report(os.path.join(workdir, REPORT_FILE), report, emit=emit)  # before the plots
     for png in jacobian_plots.plot_all(report, workdir):
         emit(f"Wrote {png}")
     return report

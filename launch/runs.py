@@ -1,5 +1,6 @@
-"""Finished runs for the report scripts: load a run's final checkpoint, or train it; and
-the state a report scores, its best checkpoint on validation (`best_run`)."""
+"""Finished runs for the report scripts: load a run's final checkpoint, or train it; the
+state a report scores, its best checkpoint on validation (`best_run`); and the report's
+files (`write_report`)."""
 
 from __future__ import annotations
 
@@ -151,3 +152,24 @@ def best_run(
     run = trained_run(config, workdir, emit=emit)
     state, step, which = restore_selected(workdir, run.state, run.start_step)
     return run._replace(state=state), step, which
+
+
+def write_report(
+    path: str,
+    report: dict[str, Any],
+    markdown: str | None = None,
+    also: Sequence[str] = (),
+    emit: Callable[[str], None] = print,
+) -> None:
+    """Writes ``report`` to ``path`` (JSON) and ``markdown``, if given, beside it with
+    the suffix ``.md``; then says ``Wrote`` and every path, ``also`` (files the report
+    script wrote itself, e.g. figures) included."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    written = [path]
+    if markdown is not None:
+        written.append(os.path.splitext(path)[0] + ".md")
+        with open(written[-1], "w") as f:
+            f.write(markdown)
+    emit(f"Wrote {', '.join([*written, *also])}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,7 +35,7 @@ from absl import app, flags
 
 from launch import main as launch_main
 from launch import seeds
-from launch.runs import quiet, trained_run
+from launch.runs import quiet, trained_run, write_report
 
 REPORT = "seed_report"
 
@@ -146,14 +145,8 @@ def run_report(
     for metric in metrics:
         text += f"\n{metric}:\n\n" + markdown(rows, summary, metric)
     report = dict(seeds=list(train_seeds), checkpoint=checkpoint, rows=rows, summary=summary)
-    os.makedirs(root, exist_ok=True)
-    paths = {ext: os.path.join(root, f"{REPORT}.{ext}") for ext in ("json", "md")}
-    with open(paths["json"], "w") as f:
-        json.dump(report, f, indent=1)
-    with open(paths["md"], "w") as f:
-        f.write(text)
     emit(text)
-    emit(f"Wrote {', '.join(paths.values())}")
+    write_report(os.path.join(root, f"{REPORT}.json"), report, text, emit=emit)
     return report
 
 
