@@ -85,7 +85,7 @@ def seed_rows(
         best = read_best_record(workdir)
         step = best["step"] if checkpoint == "best" and best else run.start_step
         report = evaluate_checkpoint(
-            run_config, workdir, splits, max_iters, emit=quiet, checkpoint=checkpoint
+            run_config, workdir, splits, max_iters, emit=quiet, checkpoint=checkpoint, run=run
         )
         for budget, by_split in report.items():
             for split, metrics in by_split.items():

@@ -236,6 +236,7 @@ def evaluate_checkpoint(
     max_iters: Sequence[int] = (),
     emit: Callable[[str], None] = print,
     checkpoint: str = "",
+    run: Any = None,
 ) -> dict[str, dict[str, dict]]:
     """Evaluates a checkpoint of ``workdir`` on any splits and solver budgets: the best
     on validation (`deq_jax.training.selection`) if the run has one, else the latest.
@@ -249,6 +250,8 @@ def evaluate_checkpoint(
         ``deq.train_max_iter``.
       emit: receives the printed table; its first line names the checkpoint's step.
       checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
+      run: the `deq_jax.training.Run` of ``workdir`` with its last state, if the caller
+        has it already (e.g. `launch.runs.trained_run`'s); else it is restored here.
 
     Returns:
       ``{budget_name: {split: metrics}}`` with budget names like ``"max_iter=60"``.
@@ -259,7 +262,8 @@ def evaluate_checkpoint(
       ValueError: for an unknown ``checkpoint``.
       CheckpointMismatchError: if the checkpoint does not fit the config's model.
     """
-    run = restore_trained(config, workdir, "to evaluate")
+    if run is None:
+        run = restore_trained(config, workdir, "to evaluate")
     state, step, which = restore_selected(workdir, run.state, run.start_step, checkpoint)
     splits = tuple(splits) or tuple(run.task.eval_splits)
     max_iters = max_iters or list(report_budgets(config).values())
