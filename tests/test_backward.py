@@ -1,5 +1,6 @@
 """Backward modes: exact implicit gradients, approximations, and failure reporting."""
 
+import functools
 import warnings
 
 import chex
@@ -100,6 +101,14 @@ def test_check_grads_rev(x64):
     check_grads(jax.jit(tanh_loss(backward.ift())), (w, x), order=1, modes=["rev"])
 
 
+@functools.lru_cache
+def _contractive_exact_gradient():
+    """The cell and exact gradient of `test_inexact_gradients_point_the_right_way`,
+    computed once for its three cases (call under x64)."""
+    w, x = tanh_problem(jax.random.PRNGKey(6), batch=4, d=8, norm=0.5, dtype="float64")
+    return w, x, jax.grad(tanh_loss(backward.ift()))(w, x)
+
+
 @pytest.mark.parametrize(
     "mode, bound",
     [
@@ -111,8 +120,7 @@ def test_check_grads_rev(x64):
 )
 def test_inexact_gradients_point_the_right_way(mode, bound, x64):
     """On a contractive cell (Lipschitz 0.5) the approximations align with the exact one."""
-    w, x = tanh_problem(jax.random.PRNGKey(6), batch=4, d=8, norm=0.5, dtype="float64")
-    exact = jax.grad(tanh_loss(backward.ift()))(w, x)
+    w, x, exact = _contractive_exact_gradient()
     approx = jax.grad(tanh_loss(mode))(w, x)
     cos = cosine(approx, exact)
     print(f"{mode}: cosine similarity with the exact gradient {cos:.5f}")
@@ -173,15 +181,18 @@ def test_integer_leaves_in_args_are_allowed():
     f = lambda z, args: jnp.tanh(z @ args["w"] + args["x"]) * (args["n"] > 0)
     solver = solvers.anderson()
     for mode in (backward.ift(), backward.phantom(), backward.unrolled()):
-        g = jax.grad(
-            lambda w, mode=mode: jnp.sum(
-                dj.fixed_point(
-                    f,
-                    jnp.zeros_like(x),
-                    {"w": w, "x": x, "n": jnp.array(3)},
-                    solver=solver,
-                    backward=mode,
-                ).value
+        # jitted: one program a mode, not each of its ops compiled eagerly
+        g = jax.jit(
+            jax.grad(
+                lambda w, mode=mode: jnp.sum(
+                    dj.fixed_point(
+                        f,
+                        jnp.zeros_like(x),
+                        {"w": w, "x": x, "n": jnp.array(3)},
+                        solver=solver,
+                        backward=mode,
+                    ).value
+                )
             )
         )(w)
         chex.assert_tree_all_finite(g)
