@@ -2,6 +2,7 @@
 sample diverged, and every backward mode says, in the same words, when its gradients
 are not finite."""
 
+import functools
 import warnings
 
 import chex
@@ -44,6 +45,9 @@ def solve(args, mode=None, solver=None):
     )
 
 
+_jit_solve = jax.jit(solve)  # one program for the infinite and the NaN input
+
+
 # --- Forward: the sample is flagged -------------------------------------------------------
 
 
@@ -51,7 +55,7 @@ def solve(args, mode=None, solver=None):
 @pytest.mark.parametrize("jit", [False, True])
 def test_nonfinite_input_flags_its_sample_diverged(bad_value, jit):
     args = problem(bad_value)
-    stats = (jax.jit(solve) if jit else solve)(args).stats
+    stats = (_jit_solve if jit else solve)(args).stats
     others = np.arange(B) != BAD
     assert bool(stats.diverged[BAD]) and not bool(stats.converged[BAD])
     assert np.all(np.asarray(stats.converged)[others])
@@ -102,10 +106,17 @@ MODES = {
 }
 
 
+@functools.lru_cache
+def _jit_grads(mode, solver):
+    """The jitted gradient program of one mode, compiled once for the module: the
+    finite and non-finite problems share it (``x`` is an argument, not a constant)."""
+    loss = lambda w, u, x: jnp.sum(solve((w, u, x), mode, solver).value ** 2)
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
 def grads(args, mode, solver=None):
-    loss = lambda w, u: jnp.sum(solve((w, u, args[2]), mode, solver).value ** 2)
-    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args[:2])
-    jax.effects_barrier()  # the warning comes from a debug callback
+    g = _jit_grads(mode, solver)(*args)
+    jax.effects_barrier()  # the warning comes from a debug callback, on every run
     return g
 
 
