@@ -175,7 +175,7 @@ def test_gradient_is_unchanged_by_the_watch():
     solver = solvers.anderson(tol=1e-7, max_iter=100)
     loss = lambda b: jnp.sum(dj.fixed_point(f, jnp.zeros(3), (a, b), solver=solver).value)
     expected = np.linalg.inv(np.eye(3) - np.asarray(a)).T @ np.ones(3)
-    np.testing.assert_allclose(jax.grad(loss)(b), expected, rtol=1e-4)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(b), expected, rtol=1e-4)
 
 
 # --- The DEQ layer ------------------------------------------------------------------------
@@ -184,7 +184,8 @@ def test_gradient_is_unchanged_by_the_watch():
 def test_deq_layer_flags_an_infinite_input_and_warns():
     x = jax.random.normal(jax.random.key(1), (B, C)).at[BAD, 2].set(np.inf)
     model = DEQ(MLPCell(features=D))
-    params = model.init(jax.random.key(0), jnp.ones((B, C)), train=False)["params"]
+    params = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(jnp.ones((B, C)))
+    params = params["params"]
     _, stats = jax.jit(lambda p: model.apply({"params": p}, x, train=False))(params)
     assert bool(stats.diverged[BAD]) and not bool(stats.converged[BAD])
     assert int(jnp.sum(stats.converged)) == B - 1
