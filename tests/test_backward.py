@@ -106,7 +106,7 @@ def _contractive_exact_gradient():
     """The cell and exact gradient of `test_inexact_gradients_point_the_right_way`,
     computed once for its three cases (call under x64)."""
     w, x = tanh_problem(jax.random.PRNGKey(6), batch=4, d=8, norm=0.5, dtype="float64")
-    return w, x, jax.grad(tanh_loss(backward.ift()))(w, x)
+    return w, x, jax.jit(jax.grad(tanh_loss(backward.ift())))(w, x)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,7 @@ def _contractive_exact_gradient():
 def test_inexact_gradients_point_the_right_way(mode, bound, x64):
     """On a contractive cell (Lipschitz 0.5) the approximations align with the exact one."""
     w, x, exact = _contractive_exact_gradient()
-    approx = jax.grad(tanh_loss(mode))(w, x)
+    approx = jax.jit(jax.grad(tanh_loss(mode)))(w, x)
     cos = cosine(approx, exact)
     print(f"{mode}: cosine similarity with the exact gradient {cos:.5f}")
     assert cos > bound
@@ -140,11 +140,11 @@ def test_inexact_modes_return_the_solver_value():
 
 def test_phantom_tends_to_the_exact_gradient_as_k_grows(x64):
     w, x = tanh_problem(jax.random.PRNGKey(8), batch=2, d=6, norm=0.7, dtype="float64")
-    exact = jax.grad(tanh_loss(backward.ift()))(w, x)
-    errors = [
-        float(jnp.linalg.norm(jax.grad(tanh_loss(backward.phantom(k=k)))(w, x) - exact))
-        for k in (1, 5, 40)
-    ]
+    # jitted: one program a mode, not each op compiled eagerly (as in the tests below;
+    # test_ift_matches_unrolled_to_convergence keeps the eager gradients)
+    grad = lambda mode: jax.jit(jax.grad(tanh_loss(mode)))(w, x)
+    exact = grad(backward.ift())
+    errors = [float(jnp.linalg.norm(grad(backward.phantom(k=k)) - exact)) for k in (1, 5, 40)]
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 1e-5 * float(jnp.linalg.norm(exact))
 
@@ -176,7 +176,8 @@ def test_gradient_reaches_closed_over_arrays(x64):
     def loss_args(w):
         return jnp.sum(dj.fixed_point(tanh_cell, jnp.zeros_like(x), (w, x), solver=solver).value)
 
-    np.testing.assert_allclose(jax.grad(loss_closure)(w), jax.grad(loss_args)(w), rtol=1e-10)
+    grad = lambda loss: jax.jit(jax.grad(loss))(w)
+    np.testing.assert_allclose(grad(loss_closure), grad(loss_args), rtol=1e-10)
 
 
 def test_integer_leaves_in_args_are_allowed():
@@ -300,9 +301,11 @@ def test_stats_probe_reports_the_backward_solve():
     assert 0 < float(stats["abs_residual_max"]) <= 1e-6 * 20
     assert float(stats["converged_fraction"]) == 1.0
     # Gradients are unchanged by the probe; modes without a backward solve report zeros.
-    g_plain = jax.grad(loss)(w, None, backward.ift(solver=bwd_solver))
+    g_plain = jax.jit(jax.grad(loss), static_argnums=2)(w, None, backward.ift(solver=bwd_solver))
     np.testing.assert_allclose(g_w, g_plain, rtol=1e-5, atol=1e-7)
-    _, g_phantom = jax.grad(loss, argnums=(0, 1))(w, probe, backward.phantom())
+    _, g_phantom = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(
+        w, probe, backward.phantom()
+    )
     np.testing.assert_array_equal(g_phantom, 0.0)
 
 
@@ -321,7 +324,7 @@ def test_stats_probe_sees_a_failed_backward_solve():
             stats_probe=probe,
         ).value
     )
-    _, g_probe = jax.grad(loss, argnums=(0, 1))(w, backward.stats_probe())
+    _, g_probe = jax.jit(jax.grad(loss, argnums=(0, 1)))(w, backward.stats_probe())
     stats = backward.read_stats_probe(g_probe)
     assert float(stats["converged_fraction"]) == 0.0
     assert float(stats["nstep_max"]) == 3.0
