@@ -40,39 +40,41 @@ if os.environ.get("DEQ_JAX_TEST_CACHE"):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
-# The default suite's longest modules, longest first: the sum of their tests' seconds in
-# the 120 longest test phases of the CI command's ``--durations=120`` (commit d6305d9,
-# 976 tests, on the 2-core machine shared with a training job: wall was about 2.9x the
-# CPU; a lower bound for a module of many short tests). Every module of 50 s or more
-# there (BUILD_NOTES.md, "Build and test"). A module missing here only loses its early
-# start.
+# The default suite's longest modules, longest first, by CPU seconds of the module alone
+# (`/usr/bin/time` user of ``python -m pytest -q -n 0 -p no:cacheprovider tests/<m>``
+# on the 2-core machine shared with a training job; "measured": after the shared
+# programs and shrinks of branch wt-t2). Modules not measured there keep the estimate of
+# their place before: the sum of their tests' seconds in the 120 longest phases of the
+# CI command's ``--durations=120`` (commit d6305d9), divided by the 2.9 by which wall
+# exceeded CPU in that run (a lower bound for a module of many short tests). A module
+# missing here only loses its early start.
 LONGEST_MODULES = (
-    "test_language_model.py",  # 671 s
-    "test_mdeq.py",  # 499 s
-    "test_combinators.py",  # 423 s
-    "test_clrs_model.py",  # 376 s
-    "test_backward.py",  # 337 s
-    "test_neural_solver.py",  # 279 s
-    "test_mdeq_training.py",  # 260 s
-    "test_neural_solver_launch.py",  # 210 s: the digits DEQ, its hypersolver, the sweep
-    "test_lm_training.py",  # 176 s
-    "test_training_multidevice.py",  # 163 s
-    "test_training_run.py",  # 157 s
-    "test_training_jacobian.py",  # 154 s
-    "test_nonfinite_values.py",  # 150 s
-    "test_analysis_path_independence.py",  # 139 s
-    "test_reasoning_models.py",  # 136 s
-    "test_path_independence_training.py",  # 127 s
-    "test_clrs_launch.py",  # 111 s
-    "test_mdeq_step_cost.py",  # 107 s
-    "test_training_multihost.py",  # 101 s
-    "test_maze_model.py",  # 90 s
-    "test_benchmark_solvers.py",  # 71 s
-    "test_settle.py",  # 56 s
-    "test_properties.py",  # 56 s
-    "test_readme.py",  # 56 s
-    "test_nn_deq.py",  # 54 s
-    "test_nn_cells.py",  # 51 s
+    "test_lm_training.py",  # 142 s measured, with the 1-vs-8-device subprocesses
+    "test_language_model.py",  # 132 s measured
+    "test_clrs_model.py",  # 104 s measured
+    "test_backward.py",  # 102 s measured
+    "test_mdeq.py",  # 96 s measured
+    "test_neural_solver.py",  # ~96 s estimated
+    "test_mdeq_training.py",  # ~90 s estimated
+    "test_combinators.py",  # 84 s measured
+    "test_neural_solver_launch.py",  # ~72 s: the digits DEQ, its hypersolver, the sweep
+    "test_training_run.py",  # ~54 s estimated
+    "test_training_jacobian.py",  # ~53 s estimated
+    "test_training_multidevice.py",  # 51 s measured
+    "test_clrs_launch.py",  # 49 s measured
+    "test_analysis_path_independence.py",  # ~48 s estimated
+    "test_reasoning_models.py",  # ~47 s estimated
+    "test_path_independence_training.py",  # ~44 s estimated
+    "test_mdeq_step_cost.py",  # ~37 s estimated
+    "test_nonfinite_values.py",  # 36 s measured
+    "test_training_multihost.py",  # ~35 s estimated
+    "test_maze_model.py",  # ~31 s estimated
+    "test_benchmark_solvers.py",  # ~24 s estimated
+    "test_settle.py",  # ~19 s estimated
+    "test_properties.py",  # ~19 s estimated
+    "test_readme.py",  # ~19 s estimated
+    "test_nn_deq.py",  # ~19 s estimated
+    "test_nn_cells.py",  # ~18 s estimated
 )
 
 

@@ -1,5 +1,6 @@
 """Backward modes: exact implicit gradients, approximations, and failure reporting."""
 
+import functools
 import warnings
 
 import chex
@@ -100,6 +101,14 @@ def test_check_grads_rev(x64):
     check_grads(jax.jit(tanh_loss(backward.ift())), (w, x), order=1, modes=["rev"])
 
 
+@functools.lru_cache
+def _contractive_exact_gradient():
+    """The cell and exact gradient of `test_inexact_gradients_point_the_right_way`,
+    computed once for its three cases (call under x64)."""
+    w, x = tanh_problem(jax.random.PRNGKey(6), batch=4, d=8, norm=0.5, dtype="float64")
+    return w, x, jax.jit(jax.grad(tanh_loss(backward.ift())))(w, x)
+
+
 @pytest.mark.parametrize(
     "mode, bound",
     [
@@ -111,9 +120,8 @@ def test_check_grads_rev(x64):
 )
 def test_inexact_gradients_point_the_right_way(mode, bound, x64):
     """On a contractive cell (Lipschitz 0.5) the approximations align with the exact one."""
-    w, x = tanh_problem(jax.random.PRNGKey(6), batch=4, d=8, norm=0.5, dtype="float64")
-    exact = jax.grad(tanh_loss(backward.ift()))(w, x)
-    approx = jax.grad(tanh_loss(mode))(w, x)
+    w, x, exact = _contractive_exact_gradient()
+    approx = jax.jit(jax.grad(tanh_loss(mode)))(w, x)
     cos = cosine(approx, exact)
     print(f"{mode}: cosine similarity with the exact gradient {cos:.5f}")
     assert cos > bound
@@ -132,11 +140,11 @@ def test_inexact_modes_return_the_solver_value():
 
 def test_phantom_tends_to_the_exact_gradient_as_k_grows(x64):
     w, x = tanh_problem(jax.random.PRNGKey(8), batch=2, d=6, norm=0.7, dtype="float64")
-    exact = jax.grad(tanh_loss(backward.ift()))(w, x)
-    errors = [
-        float(jnp.linalg.norm(jax.grad(tanh_loss(backward.phantom(k=k)))(w, x) - exact))
-        for k in (1, 5, 40)
-    ]
+    # jitted: one program a mode, not each op compiled eagerly (as in the tests below;
+    # test_ift_matches_unrolled_to_convergence keeps the eager gradients)
+    grad = lambda mode: jax.jit(jax.grad(tanh_loss(mode)))(w, x)
+    exact = grad(backward.ift())
+    errors = [float(jnp.linalg.norm(grad(backward.phantom(k=k)) - exact)) for k in (1, 5, 40)]
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 1e-5 * float(jnp.linalg.norm(exact))
 
@@ -144,11 +152,14 @@ def test_phantom_tends_to_the_exact_gradient_as_k_grows(x64):
 def test_no_gradient_reaches_z0():
     w, x = tanh_problem(jax.random.PRNGKey(9), batch=2, d=4)
     for mode in (backward.ift(), backward.unrolled(), backward.phantom()):
-        g = jax.grad(
-            lambda z0, mode=mode: jnp.sum(
-                dj.fixed_point(
-                    tanh_cell, z0, (w, x), solver=solvers.anderson(), backward=mode
-                ).value
+        # jitted: one program a mode, not each of its ops compiled eagerly
+        g = jax.jit(
+            jax.grad(
+                lambda z0, mode=mode: jnp.sum(
+                    dj.fixed_point(
+                        tanh_cell, z0, (w, x), solver=solvers.anderson(), backward=mode
+                    ).value
+                )
             )
         )(jnp.ones_like(x))
         np.testing.assert_array_equal(g, 0.0)
@@ -165,7 +176,8 @@ def test_gradient_reaches_closed_over_arrays(x64):
     def loss_args(w):
         return jnp.sum(dj.fixed_point(tanh_cell, jnp.zeros_like(x), (w, x), solver=solver).value)
 
-    np.testing.assert_allclose(jax.grad(loss_closure)(w), jax.grad(loss_args)(w), rtol=1e-10)
+    grad = lambda loss: jax.jit(jax.grad(loss))(w)
+    np.testing.assert_allclose(grad(loss_closure), grad(loss_args), rtol=1e-10)
 
 
 def test_integer_leaves_in_args_are_allowed():
@@ -173,15 +185,18 @@ def test_integer_leaves_in_args_are_allowed():
     f = lambda z, args: jnp.tanh(z @ args["w"] + args["x"]) * (args["n"] > 0)
     solver = solvers.anderson()
     for mode in (backward.ift(), backward.phantom(), backward.unrolled()):
-        g = jax.grad(
-            lambda w, mode=mode: jnp.sum(
-                dj.fixed_point(
-                    f,
-                    jnp.zeros_like(x),
-                    {"w": w, "x": x, "n": jnp.array(3)},
-                    solver=solver,
-                    backward=mode,
-                ).value
+        # jitted: one program a mode, not each of its ops compiled eagerly
+        g = jax.jit(
+            jax.grad(
+                lambda w, mode=mode: jnp.sum(
+                    dj.fixed_point(
+                        f,
+                        jnp.zeros_like(x),
+                        {"w": w, "x": x, "n": jnp.array(3)},
+                        solver=solver,
+                        backward=mode,
+                    ).value
+                )
             )
         )(w)
         chex.assert_tree_all_finite(g)
@@ -193,8 +208,9 @@ def test_grad_of_vmap_and_jit(x64):
     ws, xs = jax.vmap(lambda k: tanh_problem(k, batch=2, d=4, dtype="float64"))(keys)
     loss = tanh_loss(backward.ift())
     per_problem = jax.jit(jax.vmap(jax.grad(lambda w, x: loss(w, x))))(ws, xs)
+    one = jax.jit(jax.grad(loss))  # one program for the three problems, not three eager runs
     for i in range(3):
-        np.testing.assert_allclose(per_problem[i], jax.grad(loss)(ws[i], xs[i]), rtol=1e-9)
+        np.testing.assert_allclose(per_problem[i], one(ws[i], xs[i]), rtol=1e-9)
 
 
 # --- Failure of the backward solve ------------------------------------------------------
@@ -285,9 +301,11 @@ def test_stats_probe_reports_the_backward_solve():
     assert 0 < float(stats["abs_residual_max"]) <= 1e-6 * 20
     assert float(stats["converged_fraction"]) == 1.0
     # Gradients are unchanged by the probe; modes without a backward solve report zeros.
-    g_plain = jax.grad(loss)(w, None, backward.ift(solver=bwd_solver))
+    g_plain = jax.jit(jax.grad(loss), static_argnums=2)(w, None, backward.ift(solver=bwd_solver))
     np.testing.assert_allclose(g_w, g_plain, rtol=1e-5, atol=1e-7)
-    _, g_phantom = jax.grad(loss, argnums=(0, 1))(w, probe, backward.phantom())
+    _, g_phantom = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(
+        w, probe, backward.phantom()
+    )
     np.testing.assert_array_equal(g_phantom, 0.0)
 
 
@@ -306,7 +324,7 @@ def test_stats_probe_sees_a_failed_backward_solve():
             stats_probe=probe,
         ).value
     )
-    _, g_probe = jax.grad(loss, argnums=(0, 1))(w, backward.stats_probe())
+    _, g_probe = jax.jit(jax.grad(loss, argnums=(0, 1)))(w, backward.stats_probe())
     stats = backward.read_stats_probe(g_probe)
     assert float(stats["converged_fraction"]) == 0.0
     assert float(stats["nstep_max"]) == 3.0

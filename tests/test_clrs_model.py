@@ -1,5 +1,6 @@
 """CLRS model (deq_jax.models.clrs): processors, encoders, decoders, losses, loops, modes."""
 
+import functools
 import math
 
 import chex
@@ -66,7 +67,23 @@ def clrs_model(algorithm="bellman_ford", **kw):
 
 
 def init(model, n=6):
-    return jax.jit(lambda: model.init(RNGS, jnp.zeros((1, n, n)), train=False))()
+    return _jit_init(model, n)
+
+
+# One program per model for the module (the models are hashable): a model built by
+# several tests compiles its `init` once, and `apply` runs one compiled program instead
+# of each op compiled eagerly and each of its loops again on every call. (`sown_aux`
+# stays eager: its six models share their ops, compiled once, where jitted each would
+# compile a program of its own.)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _jit_init(model, n):
+    return model.init(RNGS, jnp.zeros((1, n, n)), train=False)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def apply(model, variables, adj, **extras):
+    """``model.apply`` in eval, jitted."""
+    return model.apply(variables, adj, train=False, **extras)
 
 
 # --- processors -----------------------------------------------------------------------
@@ -233,12 +250,12 @@ def test_registered_and_model_shapes():
     assert isinstance(models.get("clrs_deq", spec=clrs.model_spec("bfs")), ClrsModel)
     _, adj, targets, extras = task_batch()
     model = clrs_model()
-    logits, stats = model.apply(init(model), adj, train=False, **extras)
+    logits, stats = apply(model, init(model), adj, **extras)
     chex.assert_shape(logits, (8, 6, 6))
     chex.assert_shape(stats.nstep, (8,))
     _, adj, targets, extras = task_batch("mst_kruskal")
     model = clrs_model("mst_kruskal")
-    logits, _ = model.apply(init(model), adj, train=False, **extras)
+    logits, _ = apply(model, init(model), adj, **extras)
     chex.assert_shape(logits, (8, 6, 6, 2))
     np.testing.assert_array_equal(logits[..., 0], 0.0)
 
@@ -261,7 +278,7 @@ def test_model_is_permutation_equivariant(mode, options):
     model = clrs_model(mode=mode, eval_max_iter=12, **options)
     variables = init(model)
     perm = jnp.array([4, 2, 0, 5, 1, 3])
-    logits, _ = model.apply(variables, adj, train=False, **extras)
+    logits, _ = apply(model, variables, adj, **extras)
     inverse = jnp.argsort(perm)
 
     def relabel(key, value):  # node axes of every feature; pointer values renamed too
@@ -273,7 +290,7 @@ def test_model_is_permutation_equivariant(mode, options):
         return inverse[value] if key == "hint_pi_h" else value
 
     permuted = {k: relabel(k, v) for k, v in extras.items()}
-    out, _ = model.apply(variables, adj[:, perm][:, :, perm], train=False, **permuted)
+    out, _ = apply(model, variables, adj[:, perm][:, :, perm], **permuted)
     np.testing.assert_allclose(out, logits[:, perm][:, :, perm], atol=2e-4)
 
 

@@ -1,5 +1,7 @@
 """Composed solvers: sequence, fallback, restart, their statistics and config specs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -241,43 +243,62 @@ def _switching_cell(z, args):
     return jnp.where(singular, 0.5 * z + 0.125 * jnp.sign(x), cell)
 
 
-@pytest.mark.parametrize(
-    "composed",
-    [
-        S.sequence(
-            (S.fixed_point_iteration(), 3),
-            (S.broyden(), 0),
-            (S.anderson(m=3), 4),
-            S.anderson(tol=1e-30, max_iter=25),
-        ),
-        S.fallback(
-            primary=S.anderson(m=5, lam=0.0, tol=1e-30, max_iter=25), backup=S.broyden(), patience=4
-        ),
-        S.restart(S.anderson(m=5, lam=1e-4, tol=1e-30, max_iter=25, stop_mode="abs"), 3),
-    ],
-    ids=lambda s: s.name,
+PHASED = (
+    S.sequence(
+        (S.fixed_point_iteration(), 3),
+        (S.broyden(), 0),
+        (S.anderson(m=3), 4),
+        S.anderson(tol=1e-30, max_iter=25),
+    ),
+    S.fallback(
+        primary=S.anderson(m=5, lam=0.0, tol=1e-30, max_iter=25), backup=S.broyden(), patience=4
+    ),
+    S.restart(S.anderson(m=5, lam=1e-4, tol=1e-30, max_iter=25, stop_mode="abs"), 3),
 )
+
+
+@functools.lru_cache
+def _phased_run(composed, loop):
+    """``S.iterate`` of `_switching_cell` from zeros under ``loop``, jitted except for
+    "python"; kept for the module (the next test reads the "while" runs again)."""
+    args = tanh_problem(jax.random.PRNGKey(6), batch=B, d=D, norm=0.9)
+    fn = lambda z: _switching_cell(z, args)
+    run = lambda z0: S.iterate(composed, fn, z0, loop=loop)
+    return jax.device_get((jax.jit(run) if loop != "python" else run)(jnp.zeros((B, D))))
+
+
+@pytest.mark.parametrize("composed", PHASED, ids=lambda s: s.name)
 def test_phased_loops_give_the_iterates_of_the_single_step(composed):
     # "while" and "python" run `phases()`, each stretch in a loop of its own; "scan"
     # runs `propose`, which chooses the branch on every step. Same iterates, bit for bit.
-    args = tanh_problem(jax.random.PRNGKey(6), batch=B, d=D, norm=0.9)
-    fn = lambda z: _switching_cell(z, args)
-    z0 = jnp.zeros((B, D))
-    runs = {
-        loop: jax.jit(lambda z0, loop=loop: S.iterate(composed, fn, z0, loop=loop))(z0)
-        for loop in ("while", "scan")
-    }
-    (z_while, st_while), (z_scan, st_scan) = runs["while"], runs["scan"]
+    z_while, st_while = _phased_run(composed, "while")
+    z_scan, st_scan = _phased_run(composed, "scan")
     np.testing.assert_array_equal(z_while, z_scan)
     for a, b in zip(st_while, st_scan, strict=True):
         np.testing.assert_array_equal(a, b)
     if composed.name != "sequence":  # the switch happened, mid-solve
         assert 0 < int(st_while.switched_at[1]) < 25
-    z_python, st_python = S.iterate(composed, fn, z0, loop="python")
+    assert len(composed.phases()) >= 2
+
+
+@pytest.mark.parametrize(
+    "composed",
+    [
+        PHASED[0],
+        # slow: eager, each op compiled (10-20 CPU s a solver); the python loop's stretches
+        # are checked on sequence's four above, fallback's and restart's `phases()` under
+        # "while" in test_phased_loops_give_the_iterates_of_the_single_step
+        pytest.param(PHASED[1], marks=pytest.mark.slow),
+        pytest.param(PHASED[2], marks=pytest.mark.slow),
+    ],
+    ids=lambda s: s.name,
+)
+def test_python_loop_gives_the_iterates_of_the_while_loop(composed):
+    z_while, st_while = _phased_run(composed, "while")
+    z_python, st_python = _phased_run(composed, "python")
     calm = np.array([0, 3])  # (eager rounding drifts on the stuck and singular samples)
     np.testing.assert_allclose(z_python[calm], z_while[calm], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(st_python.switched_at[1:3], st_while.switched_at[1:3])
-    assert len(composed.phases()) >= 2
 
 
 @pytest.mark.parametrize(
@@ -305,14 +326,15 @@ def test_gradients_through_fixed_point_with_a_composed_solver(make, x64):
         return jnp.sum(z.value**2)
 
     reference = S.anderson(tol=1e-12, max_iter=200)
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(w, x, solver)
-    want = jax.grad(loss, argnums=(0, 1))(w, x, reference)
+    grad_fn = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
+    grad, want = grad_fn(w, x, solver), grad_fn(w, x, reference)
     for g, r in zip(grad, want, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-7)
     # and against finite differences of the loss along one direction
     v = jax.random.normal(jax.random.PRNGKey(5), x.shape, jnp.float64)
     eps = 1e-5
-    fd = (loss(w, x + eps * v, reference) - loss(w, x - eps * v, reference)) / (2 * eps)
+    jit_loss = jax.jit(loss, static_argnums=2)  # one program for both evaluations
+    fd = (jit_loss(w, x + eps * v, reference) - jit_loss(w, x - eps * v, reference)) / (2 * eps)
     np.testing.assert_allclose(jnp.sum(grad[1] * v), fd, rtol=1e-5)
 
 
@@ -366,10 +388,10 @@ def test_deq_layer_trains_with_a_composed_solver():
     cell = MLPCell(features=8, hidden=16)
     solver = S.fallback(primary=S.anderson(tol=1e-5, max_iter=60), backup=S.broyden())
     model = DEQ(cell, solver=solver)
-    variables = model.init(jax.random.key(0), x, train=False)
+    variables = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(x)
     z, stats = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x)
     assert bool(jnp.all(stats.converged)) and stats.part.shape == (4,)
-    fz = cell.apply({"params": variables["params"]["cell"]}, z, x)
+    fz = jax.jit(cell.apply)({"params": variables["params"]["cell"]}, z, x)
     np.testing.assert_allclose(fz, z, atol=1e-4)
     loss = lambda p: jnp.sum(model.apply({"params": p}, x, train=True)[0] ** 2)
     grads = jax.jit(jax.grad(loss))(variables["params"])

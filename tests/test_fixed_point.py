@@ -69,8 +69,8 @@ def test_budget_given_at_the_call():
     in_solver = dj.fixed_point(tanh_cell, x, (w, x), solver=solver.replace(max_iter=4))
     assert at_call.stats.trace.shape[-1] == 4 and int(at_call.stats.nstep.max()) == 4
     assert jnp.array_equal(at_call.value, in_solver.value)
-    grad = lambda **kw: jax.grad(
-        lambda w_: dj.fixed_point(tanh_cell, x, (w_, x), **kw).value.sum()
+    grad = lambda **kw: jax.jit(  # one program each, not each op compiled eagerly
+        jax.grad(lambda w_: dj.fixed_point(tanh_cell, x, (w_, x), **kw).value.sum())
     )(w)
     assert jnp.array_equal(grad(solver=solver, max_iter=4), grad(solver=solver.replace(max_iter=4)))
 

@@ -1,6 +1,8 @@
 """Tests of the multiscale DEQ (`deq_jax.models.mdeq`) and the unroll it shares with the
 language model (`deq_jax.nn.unroll`)."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -48,7 +50,29 @@ def _count(tree):
 
 
 def _init(model, x):
-    return jax.jit(lambda k, x: model.init(k, x, train=False))(jax.random.key(0), x)
+    return _jit_init(model, x)
+
+
+# One program per (model, shape) for the whole module: the models are hashable, so the
+# tests that build the same MDEQ share its compiled `init` and eval `apply` (each a few
+# CPU seconds) instead of compiling their own.
+@functools.partial(jax.jit, static_argnums=0)
+def _jit_init(model, x):
+    return model.init(jax.random.key(0), x, train=False)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _apply(model, variables, x, mode=None):
+    """The model's eval logits and stats, ``mode`` overriding its field."""
+    return model.apply(variables, x, train=False, mode=mode)
+
+
+@pytest.fixture(scope="module")
+def mdeq_variables():
+    """`_init` of the tiny DEQ MDEQ on `_x()`: the parameters of every mode and depth
+    (the modes share them, `test_modes_share_parameters_and_the_call_overrides_the_field`;
+    ``n_layer`` and dropout add none)."""
+    return _init(MDEQ(deq=SPEC, **FIELDS), _x())
 
 
 def _contractive(variables):
@@ -117,12 +141,16 @@ def test_residual_block_is_locuslabs_basic_block():
     PyTorch's padding=1 and group-norm epsilon."""
     z, inj = _x((2, 6, 6, 4)), _x((2, 6, 6, 4), seed=2)
     block = ResidualBlock(4, expansion=3, num_groups=2)
-    p = block.init(jax.random.key(0), z, inj)["params"]
+    p = jax.jit(block.init)(jax.random.key(0), z, inj)["params"]
     p = jax.tree_util.tree_map(lambda a: a + 0.3 * _x(a.shape, seed=a.size), p)  # not 1 and 0
-    h = jax.nn.relu(_group_norm(_wn_conv3x3(z, p["conv1"]), p["gn1"], 2))  # [2, 6, 6, 12]
-    h = _group_norm(_wn_conv3x3(h, p["conv2"]) + inj, p["gn2"], 2)
-    expected = _group_norm(jax.nn.relu(h + z), p["gn3"], 2)
-    np.testing.assert_allclose(block.apply({"params": p}, z, inj), expected, atol=2e-5)
+
+    @jax.jit  # one program, not each op compiled eagerly
+    def block_and_by_hand(p):
+        h = jax.nn.relu(_group_norm(_wn_conv3x3(z, p["conv1"]), p["gn1"], 2))  # [2, 6, 6, 12]
+        h = _group_norm(_wn_conv3x3(h, p["conv2"]) + inj, p["gn2"], 2)
+        return block.apply({"params": p}, z, inj), _group_norm(jax.nn.relu(h + z), p["gn3"], 2)
+
+    np.testing.assert_allclose(*block_and_by_hand(p), atol=2e-5)
 
 
 def test_fusion_paths_resample_by_powers_of_two():
@@ -147,7 +175,7 @@ def test_mdeq_logits_stats_and_parameter_count():
     assert set(variables) == {"params", "batch_stats"}
     assert set(variables["params"]) == {"stem", "cell", "head"}
     assert _count(variables["params"]["cell"]) == _cell_params((4, 8), 2)
-    logits, stats = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x)
+    logits, stats = _apply(model, variables, x)
     assert logits.shape == (2, 7) and logits.dtype == jnp.float32
     assert isinstance(stats, dj.SolverStats)
     assert stats.nstep.shape == stats.rel_residual.shape == (2,)
@@ -167,10 +195,10 @@ def test_sizes_parameter_counts():
     assert count(SMALL, (1, 32, 32, 3)) == 14779338
 
 
-def test_deq_output_is_a_fixed_point():
+def test_deq_output_is_a_fixed_point(mdeq_variables):
     model = MDEQ(deq=SPEC, **FIELDS)
     x = _x()
-    variables = _contractive(_init(model, x))
+    variables = _contractive(mdeq_variables)
 
     @jax.jit
     def solve(variables, x):
@@ -185,10 +213,10 @@ def test_deq_output_is_a_fixed_point():
     np.testing.assert_array_less(rel, 1e-4)
     np.testing.assert_allclose(rel, stats.rel_residual, rtol=1e-3, atol=1e-6)
     # and the model's logits are the head's at that fixed point
-    logits, _ = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x)
+    logits, _ = _apply(model, variables, x)
     head = ClassificationHead(FIELDS["head_channels"], FIELDS["final_channels"], 10)
     head_vars = {k: v["head"] for k, v in variables.items()}
-    by_hand = head.apply(head_vars, z_star, train=False)
+    by_hand = jax.jit(lambda v, z: head.apply(v, z, train=False))(head_vars, z_star)
     np.testing.assert_allclose(logits, by_hand, rtol=1e-5, atol=1e-5)
 
 
@@ -207,10 +235,10 @@ def _by_hand(variables, x, steps):
 
 
 @pytest.mark.parametrize("jit", [False, True])
-def test_weight_tied_is_the_cell_applied_n_layer_times(jit):
+def test_weight_tied_is_the_cell_applied_n_layer_times(jit, mdeq_variables):
     model = MDEQ(deq=SPEC, **dict(FIELDS, n_layer=4), mode="weight_tied")
     x = _x()
-    variables = _init(model, x)
+    variables = mdeq_variables
     apply = lambda v, x: model.apply(v, x, train=False)
     logits, stats = (jax.jit(apply) if jit else apply)(variables, x)
     expected, residual = _by_hand(variables, x, 4)
@@ -222,24 +250,21 @@ def test_weight_tied_is_the_cell_applied_n_layer_times(jit):
     assert not np.allclose(logits, _by_hand(variables, x, 3)[0], atol=1e-4)
 
 
-def test_modes_share_parameters_and_the_call_overrides_the_field():
+def test_modes_share_parameters_and_the_call_overrides_the_field(mdeq_variables):
     x = _x()
     deq = MDEQ(deq=SPEC, **FIELDS)
     tied = deq.clone(mode="weight_tied")
-    v_deq, v_tied = _init(deq, x), _init(tied, x)
+    v_deq, v_tied = mdeq_variables, _init(tied, x)
     shapes = lambda t: jax.tree_util.tree_map(jnp.shape, t)
     assert shapes(v_deq) == shapes(v_tied)
     jax.tree_util.tree_map(np.testing.assert_array_equal, v_deq, v_tied)
     variables = _contractive(v_deq)
-    apply = jax.jit(
-        lambda v, x, m, mode: m.apply(v, x, train=False, mode=mode), static_argnums=(2, 3)
-    )
-    from_deq, s_deq = apply(variables, x, deq, None)
-    from_tied, s_tied = apply(variables, x, tied, None)
+    from_deq, s_deq = _apply(deq, variables, x)
+    from_tied, s_tied = _apply(tied, variables, x)
     np.testing.assert_array_equal(s_tied.nstep, [3, 3])
     assert bool(jnp.all(s_deq.nstep > 3))
-    np.testing.assert_array_equal(apply(variables, x, tied, "deq")[0], from_deq)
-    np.testing.assert_array_equal(apply(variables, x, deq, "weight_tied")[0], from_tied)
+    np.testing.assert_array_equal(_apply(tied, variables, x, "deq")[0], from_deq)
+    np.testing.assert_array_equal(_apply(deq, variables, x, "weight_tied")[0], from_tied)
     assert not np.allclose(from_deq, from_tied, atol=1e-6)
 
 
@@ -261,25 +286,28 @@ def test_implicit_gradient_matches_finite_differences(x64):
     def solve(params):
         return deq_call(model, {**variables, "params": params}, x)
 
-    def loss(params):
-        z_star = solve(params).z_star
-        return sum(jnp.sum(z * w_i) for z, w_i in zip(z_star, w, strict=True))
+    @jax.jit
+    def loss_and_converged(params):
+        call = solve(params)
+        loss = sum(jnp.sum(z * w_i) for z, w_i in zip(call.z_star, w, strict=True))
+        return loss, call.stats.converged
 
     params = variables["params"]
-    assert bool(jnp.all(jax.jit(lambda p: solve(p).stats.converged)(params)))
-    # One jitted loss for the differences, the checked gradient and the one below: its
-    # gradient program compiles once (a fresh jit(grad(loss)) compiled it again).
-    jit_loss = jax.jit(loss)
+    assert bool(jnp.all(loss_and_converged(params)[1]))
+    # One jitted loss for the convergence check, the differences, the checked gradient
+    # and the one below: its forward and gradient programs compile once each (a fresh
+    # jit(grad(loss)) compiled it again, a jitted check of convergence once more).
+    jit_loss = lambda p: loss_and_converged(p)[0]
     check_grads(jit_loss, (params,), order=1, modes=["rev"], eps=1e-6, atol=1e-6, rtol=1e-6)
     g_cell = jax.grad(jit_loss)(params)["cell"]
     assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(g_cell)) > 1e-3
 
 
-def test_dropout_one_mask_per_solve_and_none_at_eval():
+def test_dropout_one_mask_per_solve_and_none_at_eval(mdeq_variables):
     model = MDEQ(deq=SPEC, **dict(FIELDS, dropout_rate=0.5))
     no_dropout = model.clone(dropout_rate=0.0)
     x = _x()
-    variables = _contractive(_init(model, x))
+    variables = _contractive(mdeq_variables)
 
     @jax.jit
     def run(key):
@@ -305,11 +333,11 @@ def test_dropout_one_mask_per_solve_and_none_at_eval():
     np.testing.assert_allclose(at_eval, eval_without, atol=1e-6)  # no mask at eval
 
 
-def test_weight_tied_sows_penalty_terms_and_refuses_unknown_options():
+def test_weight_tied_sows_penalty_terms_and_refuses_unknown_options(mdeq_variables):
     spec = SPEC.replace(terms=(JacobianTerm(weight=1.0),))
     model = MDEQ(deq=spec, mode="weight_tied", **FIELDS)
     x = _x()
-    variables = _init(model, x)
+    variables = mdeq_variables
 
     @jax.jit
     def run(variables, probe):
@@ -330,7 +358,7 @@ def test_weight_tied_sows_penalty_terms_and_refuses_unknown_options():
         model.apply(variables, x, train=False, budget=3)
 
 
-def test_invalid_fields_and_inputs():
+def test_invalid_fields_and_inputs(mdeq_variables):
     with pytest.raises(ValueError, match="mode must be one of"):
         MDEQ(mode="unrolled")
     with pytest.raises(ValueError, match="head_channels needs one width per resolution"):
@@ -346,7 +374,7 @@ def test_invalid_fields_and_inputs():
     with pytest.raises(ValueError, match="expansion must be an integer"):
         MDEQ(expansion=0)
     model = MDEQ(deq=SPEC, **FIELDS)
-    variables = _init(model, _x())
+    variables = mdeq_variables
     with pytest.raises(ValueError, match="mode must be one of"):
         model.apply(variables, _x(), train=False, mode="untied")
     with pytest.raises(ValueError, match=r"images \[B, H, W, C\]"):

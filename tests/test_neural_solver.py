@@ -329,7 +329,7 @@ def test_anderson_after_switches_at_its_step():
     loss = lambda p: ns.neural_solver_loss(
         {"solver": p, "init": None}, handed, None, f, bias, None, z_star, steps=8
     )[0]
-    grads = jax.grad(loss)(handed.variables)
+    grads = jax.jit(jax.grad(loss))(handed.variables)  # one program, not each op eagerly
     norms = [float(jnp.linalg.norm(g)) for g in jax.tree_util.tree_leaves(grads)]
     assert all(np.isfinite(norms)) and max(norms) > 0
     for bad in (-1, 1.5, True):

@@ -2,6 +2,7 @@
 sample diverged, and every backward mode says, in the same words, when its gradients
 are not finite."""
 
+import functools
 import warnings
 
 import chex
@@ -44,6 +45,9 @@ def solve(args, mode=None, solver=None):
     )
 
 
+_jit_solve = jax.jit(solve)  # one program for the infinite and the NaN input
+
+
 # --- Forward: the sample is flagged -------------------------------------------------------
 
 
@@ -51,7 +55,7 @@ def solve(args, mode=None, solver=None):
 @pytest.mark.parametrize("jit", [False, True])
 def test_nonfinite_input_flags_its_sample_diverged(bad_value, jit):
     args = problem(bad_value)
-    stats = (jax.jit(solve) if jit else solve)(args).stats
+    stats = (_jit_solve if jit else solve)(args).stats
     others = np.arange(B) != BAD
     assert bool(stats.diverged[BAD]) and not bool(stats.converged[BAD])
     assert np.all(np.asarray(stats.converged)[others])
@@ -102,10 +106,17 @@ MODES = {
 }
 
 
+@functools.lru_cache
+def _jit_grads(mode, solver):
+    """The jitted gradient program of one mode, compiled once for the module: the
+    finite and non-finite problems share it (``x`` is an argument, not a constant)."""
+    loss = lambda w, u, x: jnp.sum(solve((w, u, x), mode, solver).value ** 2)
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+
 def grads(args, mode, solver=None):
-    loss = lambda w, u: jnp.sum(solve((w, u, args[2]), mode, solver).value ** 2)
-    g = jax.jit(jax.grad(loss, argnums=(0, 1)))(*args[:2])
-    jax.effects_barrier()  # the warning comes from a debug callback
+    g = _jit_grads(mode, solver)(*args)
+    jax.effects_barrier()  # the warning comes from a debug callback, on every run
     return g
 
 
@@ -164,7 +175,7 @@ def test_gradient_is_unchanged_by_the_watch():
     solver = solvers.anderson(tol=1e-7, max_iter=100)
     loss = lambda b: jnp.sum(dj.fixed_point(f, jnp.zeros(3), (a, b), solver=solver).value)
     expected = np.linalg.inv(np.eye(3) - np.asarray(a)).T @ np.ones(3)
-    np.testing.assert_allclose(jax.grad(loss)(b), expected, rtol=1e-4)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(b), expected, rtol=1e-4)
 
 
 # --- The DEQ layer ------------------------------------------------------------------------
@@ -173,7 +184,8 @@ def test_gradient_is_unchanged_by_the_watch():
 def test_deq_layer_flags_an_infinite_input_and_warns():
     x = jax.random.normal(jax.random.key(1), (B, C)).at[BAD, 2].set(np.inf)
     model = DEQ(MLPCell(features=D))
-    params = model.init(jax.random.key(0), jnp.ones((B, C)), train=False)["params"]
+    params = jax.jit(lambda x: model.init(jax.random.key(0), x, train=False))(jnp.ones((B, C)))
+    params = params["params"]
     _, stats = jax.jit(lambda p: model.apply({"params": p}, x, train=False))(params)
     assert bool(stats.diverged[BAD]) and not bool(stats.converged[BAD])
     assert int(jnp.sum(stats.converged)) == B - 1

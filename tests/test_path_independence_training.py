@@ -60,8 +60,9 @@ def test_alignment_term_is_sown_and_differentiable():
         terms=(Alignment(),),
     )
     x = jax.random.normal(jax.random.key(0), (5, 3))
-    variables = model.init(jax.random.key(1), x, train=False)
+    variables = jax.jit(lambda x: model.init(jax.random.key(1), x, train=False))(x)
 
+    @jax.jit  # one program for the term and its gradient, not each op compiled eagerly
     def penalty(params):
         _, state = model.apply(
             {"params": params},
