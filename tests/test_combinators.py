@@ -138,9 +138,10 @@ def test_fallback_backup_starts_from_the_best_iterate():
     fn = lambda z: _mixed_cell(z, args)
     z1 = fn(jnp.zeros((B, D)))
     by_hand = _solve(backup.replace(tol=1e-30, max_iter=7), f=_mixed_cell, args=args, z0=z1)
-    # evaluations 1, 2 are z0, z1 (Anderson); 3.. are Broyden's from z1, whose first
-    # evaluation (of z1, booked again) is not repeated by the fallback
-    np.testing.assert_allclose(got.stats.trace[1, 2:], by_hand.stats.trace[1, 1:7], rtol=1e-5)
+    # evaluations 1, 2 are z0, z1 (Anderson, whose next proposal is NaN); evaluation 3
+    # is z1 again (the sample's best iterate, rewound), and from there Broyden's run
+    np.testing.assert_allclose(got.stats.trace[1, 2:], by_hand.stats.trace[1, :6], rtol=1e-5)
+    np.testing.assert_array_equal(got.stats.switched_at, [0, 2, 0, 0])
 
 
 def test_fallback_on_a_stall_and_its_triggers():
@@ -169,6 +170,79 @@ def test_fallback_on_a_stall_and_its_triggers():
         S.fallback(primary=S.anderson(), backup="broyden")
 
 
+def test_a_fallback_nested_in_a_sequence_gets_the_loop_hooks():
+    # The loop hands the residual to the sequence (`Solver.book`) and takes the marks
+    # from it (`Solver.rewind`); both reach the fallback inside, and the restart inside
+    # that. From fixed-point steps on, the bad sample's residuals stay parallel, so the
+    # Anderson without a ridge still proposes NaN: the fallback rescues it as above.
+    args = tanh_problem(jax.random.PRNGKey(2), batch=B, d=D, norm=0.9)
+    head = (S.fixed_point_iteration(), 2)
+    primary = S.restart(S.anderson(m=5, lam=0.0), 4)
+    plain = _solve(S.sequence(head, primary, tol=1e-6, max_iter=60), f=_mixed_cell, args=args)
+    assert bool(plain.stats.diverged[1])
+    nested = S.sequence(
+        head, S.fallback(primary=primary, backup=S.broyden()), tol=1e-6, max_iter=60
+    )
+    got = _solve(nested, f=_mixed_cell, args=args)
+    assert bool(jnp.all(got.stats.converged))
+    np.testing.assert_allclose(got.value[1], _target(args[1][1]), atol=1e-6)
+    good = np.asarray(~BAD)
+    np.testing.assert_array_equal(got.stats.trace[good], plain.stats.trace[good])
+
+
+def test_nested_parts_see_their_own_counts_and_residuals():
+    # On `_switching_cell` in "abs" mode sample 1 (f(z) = z + 1) stalls: the restart
+    # inside the fallback restarts it (its iterate returns to an earlier one) until the
+    # fallback's own stall rule (patience 10) hands it to Broyden.
+    args = tanh_problem(jax.random.PRNGKey(6), batch=B, d=D, norm=0.9)
+    fn = lambda z: _switching_cell(z, args)
+    budget = dict(tol=1e-30, max_iter=18, stop_mode="abs")
+    inner = S.restart(S.anderson(m=5), 3, **budget)
+    part = S.fallback(primary=inner, backup=S.broyden(), when="stalled", **budget)
+    nested = S.sequence((S.fixed_point_iteration(), 2), part, **budget).replace(max_iter=20)
+    iterates = lambda solver, z0: jax.device_get(
+        jax.jit(S.iterate_observed, static_argnums=(0, 1, 3, 4))(
+            solver, fn, z0, solver.max_iter, lambda z, fz: z
+        )
+    )
+    z0 = jnp.zeros((B, D))
+    in_sequence = iterates(nested, z0)
+    z3 = in_sequence[:, 2]
+    alone = _solve(part, f=_switching_cell, args=args, z0=z3)
+    np.testing.assert_array_equal(alone.stats.part, [0, 1, 0, 0])
+    np.testing.assert_array_equal(alone.stats.switched_at, [0, 13, 0, 0])
+    # in the sequence, the fallback's iterates are its own from the third iterate on
+    np.testing.assert_array_equal(in_sequence[:, 2:], iterates(part, z3))
+    # and until it switches, the stalled sample's iterates are the restart's alone,
+    # which restarts it (the 7th iterate is an earlier one again)
+    mine, by_itself = iterates(part, z3)[1, :13], iterates(inner, z3)[1, :13]
+    np.testing.assert_array_equal(mine, by_itself)
+    assert any(np.array_equal(mine[6], mine[j]) for j in range(6))
+    # the trajectory replay takes the same hooks: its residuals are the solve's
+    abs_res = lambda z, fz: dj.solvers.residuals(z, fz)[0]
+    replay = jax.jit(lambda z0: S.iterate_observed(nested, fn, z0, 20, abs_res))(z0)
+    solved = _solve(nested, f=_switching_cell, args=args).stats.trace
+    np.testing.assert_allclose(replay, solved, rtol=1e-4, atol=1e-6)
+
+
+def test_a_part_taking_over_books_the_evaluation_it_starts_from():
+    # f(z) = z + 1 from 0 under fixed-point steps: integer iterates, the absolute
+    # residual exactly 4 every time. The fallback takes over at the third iterate; it
+    # counts that evaluation as its first (its best), stalls on the next three and
+    # switches after the 6th: the 7th iterate is the solve's best, z0 = 0 (exactly).
+    stuck = lambda z, args: z + 1.0
+    budget = dict(tol=1e-30, max_iter=10, stop_mode="abs")
+    part = S.fallback(
+        primary=S.fixed_point_iteration(), backup=S.broyden(), when="stalled", patience=3, **budget
+    )
+    nested = S.sequence((S.fixed_point_iteration(), 2), part, **budget)
+    fn = lambda z: stuck(z, None)
+    z = jax.jit(lambda z0: S.iterate_observed(nested, fn, z0, 10, lambda z, fz: z))(
+        jnp.zeros((B, D))
+    )
+    np.testing.assert_array_equal(z[0, :7, 0], [0, 1, 2, 3, 4, 5, 0])
+
+
 def test_restart_is_the_solver_until_a_stall_then_restarts_that_sample_only():
     args = tanh_problem(jax.random.PRNGKey(3), batch=B, d=D, norm=0.9)
     plain = _solve(S.anderson(tol=1e-30, max_iter=15), args=args)
@@ -176,7 +250,7 @@ def test_restart_is_the_solver_until_a_stall_then_restarts_that_sample_only():
     np.testing.assert_array_equal(never.stats.trace, plain.stats.trace)
     np.testing.assert_array_equal(never.stats.switched_at, 0)
     # Sample 1 gets a cell with no fixed point (f(z) = z + 1: the absolute residual
-    # never improves); it restarts every 3 evaluations, the others are untouched.
+    # never improves); it restarts every 4 evaluations, the others are untouched.
     cell = lambda z, a: jnp.where(BAD[:, None], z + 1.0, tanh_cell(z, a))
     base = S.anderson(tol=1e-30, max_iter=15, stop_mode="abs")
     plain = _solve(base, f=cell, args=args)
@@ -184,23 +258,27 @@ def test_restart_is_the_solver_until_a_stall_then_restarts_that_sample_only():
     good = np.asarray(~BAD)
     np.testing.assert_array_equal(got.stats.trace[good], plain.stats.trace[good])
     np.testing.assert_array_equal(got.value[good], plain.value[good])
-    # stall counts 1, 2, 3 at evaluations 2, 3, 4: restart after 4, again after 7, ..., 13
-    np.testing.assert_array_equal(got.stats.switched_at, [0, 13, 0, 0])
+    # stall counts 1, 2, 3 at evaluations 2, 3, 4: restart after 4; evaluation 5 is the
+    # best iterate again (it does not count), 6, 7, 8 stall: again after 8, then 12
+    np.testing.assert_array_equal(got.stats.switched_at, [0, 12, 0, 0])
     np.testing.assert_array_equal(got.stats.part, 0)
 
 
-def test_restart_equals_the_solver_restarted_by_hand():
+@pytest.mark.parametrize("patience", [1, 2])
+def test_restart_equals_the_solver_restarted_by_hand(patience):
     # By hand, the rule as documented: after each evaluation book the best iterate; when
-    # the residual has not improved for `patience` evaluations, Anderson starts afresh
-    # (count 1) from the best iterate and its image.
-    # W = -4 I + (a matrix of norm 0.5): Anderson with memory 2 oscillates.
+    # the residual has not improved for `patience` evaluations, the best iterate is
+    # evaluated again next, and Anderson starts afresh (count 1) from it and its image;
+    # that evaluation does not count as a stall.
+    # W = -4 I + (a matrix of norm 0.5): Anderson with memory 2 oscillates (with
+    # patience 1 it restarts every other evaluation, with 2 once).
     w, x = tanh_problem(jax.random.PRNGKey(0), batch=1, d=D, norm=0.5)
     args = (w - 4.0 * jnp.eye(D), x)
     fn = lambda z: tanh_cell(z, args)
-    base, patience, budget = S.anderson(m=2, tol=1e-30), 2, 20
+    base, budget = S.anderson(m=2, tol=1e-30), 20
     got = _solve(S.restart(base, patience, max_iter=budget), args=args, z0=jnp.zeros((1, D)))
     z, aux, local, stall = jnp.zeros((1, D)), base.init(jnp.zeros((1, D))), 0, 0
-    best, best_z, best_fz, trace, restarts = np.inf, None, None, [], []
+    best, best_z, rewound, trace, restarts = np.inf, None, False, [], []
     for k in range(1, budget + 1):
         fz = fn(z)
         res = float(dj.solvers.residuals(z, fz)[1][0])
@@ -208,15 +286,18 @@ def test_restart_equals_the_solver_restarted_by_hand():
         if k == budget:
             break
         if res < best:
-            best, best_z, best_fz, stall = res, z, fz, 0
+            best, best_z, stall = res, z, 0
         else:
             stall += 1
-        if stall >= patience:
-            aux, z, fz, local, stall = base.init(best_z), best_z, best_fz, 0, 0
+        if rewound:  # z is the best iterate: Anderson starts afresh from it
+            aux, local, stall, rewound = base.init(z), 0, 0, False
+        elif stall >= patience:
+            z, stall, rewound = best_z, 0, True
             restarts.append(k)
+            continue
         local += 1
         z, aux = base.propose(aux, z, fz, local)
-    assert restarts, "the problem must make Anderson stall"
+    assert len(restarts) >= 3 - patience, "the problem must make Anderson stall"
     np.testing.assert_allclose(got.stats.trace[0], trace, rtol=1e-4)
     assert int(got.stats.switched_at[0]) == restarts[-1]
 

@@ -3,11 +3,12 @@
 The library's solve (`deq_jax.solvers.loop.iterate`) keeps only the residual trace. To
 ask *when* something happened during the solve (when the decoded answer stopped
 changing, when the worst part of the state converged), `solver_trajectory` replays the
-same iterates, ``z_1 = z0`` and ``z_{k+1} = solver.propose(aux, z_k, f(z_k), k)``, for a
-fixed number of steps and stacks an observation of each. The loop's per-sample stopping
-only freezes the bookkeeping of a stopped sample, not the iterates of the others (rows
-of the batch are independent problems), so the replay follows the solve exactly up to
-float rounding: compiled differently (a scan, not the loop), a long solve can pass its
+same iterates (``z_1 = z0``, ``z_{k+1}`` the solver's proposal after evaluation ``k``,
+through the loop's own step: `deq_jax.solvers.iterate_observed`) for a fixed number of
+steps and stacks an observation of each. The loop's per-sample stopping only freezes
+the bookkeeping of a stopped sample, not the iterates of the others (rows of the batch
+are independent problems), so the replay follows the solve exactly up to float
+rounding: compiled differently (a scan, not the loop), a long solve can pass its
 tolerance a step earlier or later (CLRS's Prim, 40-96 steps: 81-94% of the graphs to
 the step; Bellman-Ford, ~15 steps: all).
 
@@ -31,6 +32,7 @@ import jax.numpy as jnp
 
 from deq_jax import _flat
 from deq_jax.solvers.base import REL_EPS, Solver
+from deq_jax.solvers.loop import iterate_observed
 
 
 def solver_trajectory(
@@ -67,20 +69,8 @@ def solver_trajectory(
     layout = _flat.layout_of(z0, _flat.infer_batched(z0))
     fn = _flat.flat_fn(f, layout, args)
     unflat = lambda flat: _flat.unflatten(flat, layout)
-    z = _flat.flatten(z0, layout)
-    fz = fn(z)
-    first = observe(unflat(z), unflat(fz))
-
-    def step(carry, k):
-        z, fz, aux = carry
-        z, aux = solver.propose(aux, z, fz, k)
-        fz = fn(z)
-        return (z, fz, aux), observe(unflat(z), unflat(fz))
-
-    ks = jnp.arange(1, steps, dtype=jnp.int32)
-    _, rest = jax.lax.scan(step, (z, fz, solver.init(z)), ks)
-    return jax.tree_util.tree_map(
-        lambda a, b: jnp.concatenate([a[:, None], jnp.moveaxis(b, 0, 1)], axis=1), first, rest
+    return iterate_observed(
+        solver, fn, _flat.flatten(z0, layout), steps, lambda z, fz: observe(unflat(z), unflat(fz))
     )
 
 

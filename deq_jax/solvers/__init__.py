@@ -12,7 +12,7 @@ from deq_jax.solvers.broyden import BroydenState, broyden, broyden_step, inv_jac
 from deq_jax.solvers.combinators import sequence
 from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_iteration
 from deq_jax.solvers.linalg import spd_solve
-from deq_jax.solvers.loop import LOOPS, iterate, iterate_unrolled
+from deq_jax.solvers.loop import LOOPS, iterate, iterate_observed, iterate_unrolled
 from deq_jax.solvers.spec import COMBINATORS
 from deq_jax.solvers.spec import from_spec as _from_spec
 from deq_jax.solvers.switching import TRIGGERS, FallbackState, RestartState, fallback, restart
@@ -56,6 +56,7 @@ __all__ = [
     "get",
     "inv_jacobian_matvec",
     "iterate",
+    "iterate_observed",
     "iterate_unrolled",
     "names",
     "register",

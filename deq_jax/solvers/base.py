@@ -171,6 +171,34 @@ class Solver(abc.ABC):
         """
         return None
 
+    def book(self, aux: Any, res: jax.Array, k: jax.Array) -> Any:
+        """The state with the loop's residual of evaluation ``k`` booked in it.
+
+        Called by the loop after each evaluation (the first included), before the
+        ``propose`` that follows it, with ``res [B]`` the residual of the iterate in the
+        loop's stop mode (and ``k`` as `rewind`'s). A combinator that watches each
+        sample's residual (`deq_jax.solvers.fallback`, ``restart``) keeps its watch
+        here instead of computing the residual again; it forwards the residual to the
+        parts it runs. The default returns ``aux`` unchanged.
+        """
+        del res, k
+        return aux
+
+    def rewind(self, aux: Any, k: jax.Array) -> jax.Array | None:
+        """``[B]`` bool: the samples whose next iterate is their best one so far.
+
+        Called by the loop right after ``propose(aux, z, fz, k)`` (``aux`` is the state
+        that step returned, ``k`` its count, a scalar or per sample ``[B]``); on the rows
+        marked, the loop evaluates the sample's lowest-residual iterate of the solve
+        instead of the proposal. A combinator that restarts a sample from its best
+        iterate (`deq_jax.solvers.fallback`, ``restart``) marks it so, then restarts on
+        the next step from that iterate and its image, one evaluation later, without
+        carrying copies of the best iterate in its own state. A combinator forwards the
+        marks of the parts it runs. ``None`` (the default): nothing is ever rewound.
+        """
+        del aux, k
+        return None
+
     def path(self, aux: Any, k: jax.Array) -> tuple[jax.Array, jax.Array] | None:
         """``(part [B], switched_at [B])`` of a composed solver after evaluation ``k``.
 

@@ -72,6 +72,25 @@ def stop_residual(solver: Solver, z: jax.Array, fz: jax.Array) -> jax.Array:
     return rel_res if solver.stop_mode == "rel" else abs_res
 
 
+def overrides(solver: Solver, hook: str) -> bool:
+    """Whether ``solver`` implements the loop hook ``hook`` (``"book"``, ``"rewind"``)."""
+    return getattr(type(solver), hook) is not getattr(Solver, hook)
+
+
+def started(part: Solver, z: jax.Array, fz: jax.Array, stop: Solver) -> Any:
+    """``part``'s state started afresh at ``z``, the evaluation ``fz`` of ``z`` booked.
+
+    For a part taking over at ``z`` (a `sequence` stage, `fallback`'s backup, a
+    restarted solver). The loop booked that evaluation (`Solver.book`) into the state
+    being replaced, so a part that watches the residual books it again here, in the
+    stop mode of ``stop`` (the combinator starting it), as its first (count 1).
+    """
+    state = part.init(z)
+    if overrides(part, "book"):
+        state = part.book(state, stop_residual(stop, z, fz), jnp.ones((), jnp.int32))
+    return state
+
+
 def where_rows(mask: jax.Array, new: Any, old: Any) -> Any:
     """Per sample, ``new`` where ``mask [B]`` else ``old`` (pytrees, batch axis first)."""
 
@@ -201,7 +220,10 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
             own, offset = aux[i], 0
             if take_over:
                 handed = self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1)
-                own, offset = (part.init(z), start) if handed is None else (handed, 0)
+                if handed is None:
+                    own, offset = started(part, z, fz, self), start
+                else:
+                    own, offset = handed, 0
             elif i > 0 and self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1) is None:
                 offset = start  # a part started afresh counts from its start
             z_next, own = part.propose(own, z, fz, k - offset)
@@ -233,6 +255,33 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
                 out.append(Phase(self._branch(i, True), stay=_until(lo + 1)))
             out.append(Phase(self._branch(i, False), stay=None if hi is None else _until(hi)))
         return tuple(out)
+
+    def _count(self, aux, i: int, k):
+        """Part ``i``'s own count at the solve's ``k`` (see `_branch`)."""
+        if i == 0 or self.solvers[i - 1].hand_over(aux[i - 1], self.solvers[i], k - 1) is not None:
+            return k
+        return k - self.bounds[i - 1]
+
+    def book(self, aux, res, k):
+        """Every part that watches the residual books it (a part not running yet is
+        started afresh when it takes over, so what it booked before is not read)."""
+        return tuple(
+            part.book(own, res, self._count(aux, i, k)) if overrides(part, "book") else own
+            for i, (part, own) in enumerate(zip(self.solvers, aux, strict=True))
+        )
+
+    def rewind(self, aux, k):
+        """The marks of the part that made the proposal after evaluation ``k``."""
+        stage = self._stage(k)
+        marks = None
+        for i, part in enumerate(self.solvers):
+            if not overrides(part, "rewind"):
+                continue
+            back = part.rewind(aux[i], self._count(aux, i, k))
+            if back is not None:
+                back = (stage == i) & back
+                marks = back if marks is None else marks | back
+        return marks
 
     def path(self, aux, k):
         batch = jax.tree_util.tree_leaves(aux)[0].shape[0] if jax.tree_util.tree_leaves(aux) else 1

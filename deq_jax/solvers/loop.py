@@ -17,6 +17,13 @@ A solver made of stretches (`deq_jax.solvers.Solver.phases`, e.g. `sequence`'s p
 runs one while (or Python) loop per stretch, so no step pays for choosing its branch;
 ``"scan"`` calls the solver's one ``propose``, which gives the same iterates.
 
+The loop and a solver talk through two more hooks, both no-ops for a plain solver: after
+each evaluation the loop hands the solver its residual (`Solver.book`), and after each
+proposal it puts its own lowest-residual iterate on the rows the solver marks
+(`Solver.rewind`). `fallback` and ``restart`` watch each sample's residual and restart
+it from its best iterate through them, without computing the residual again or keeping
+copies of iterates in their state.
+
 A second, optional stop rule watches what the state means rather than how far it still
 moves: with ``readout`` (``[B, D] ->`` a pytree of arrays with the batch axis first,
 e.g. a model's decoded answer) and ``patience = p``, a sample also stops once its
@@ -91,6 +98,7 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
     """Books the residual (and readout) of ``s.z``, the ``s.k``-th evaluation."""
     abs_res, rel_res = residuals(s.z, s.fz)
     res = rel_res if solver.stop_mode == "rel" else abs_res
+    s = s._replace(aux=solver.book(s.aux, res, s.k))
     finite = jnp.isfinite(abs_res) & jnp.isfinite(rel_res)
     improved = s.active & finite & (res < _best_res(solver, s))
     converged_now = s.active & finite & (res <= solver.tol) & (not solver.full_budget)
@@ -173,7 +181,14 @@ def _step(
     propose: Callable[..., tuple[jax.Array, Any]] | None = None,
 ) -> LoopState:
     z, aux = (propose or solver.propose)(s.aux, s.z, s.fz, s.k)
+    z = rewound(solver, aux, s.k, z, s.best_z)
     return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fn(z), aux=aux), settle)
+
+
+def rewound(solver: Solver, aux: Any, k: jax.Array, z: jax.Array, best_z: jax.Array) -> jax.Array:
+    """``z``, with ``best_z`` on the rows ``solver.rewind(aux, k)`` marks (`Solver.rewind`)."""
+    back = solver.rewind(aux, k)
+    return z if back is None else jnp.where(back[:, None], best_z, z)
 
 
 def _keep_going(solver: Solver, s: LoopState) -> jax.Array:
@@ -308,3 +323,35 @@ def iterate_unrolled(
     s = _scan(solver, lambda s: _step(solver, fn, None, s), s)
     _, stats = _finish(solver, s)
     return s.image, stats, s.squares
+
+
+def iterate_observed(
+    solver: Solver,
+    fn: Callable[[jax.Array], jax.Array],
+    z0: jax.Array,
+    steps: int,
+    observe: Callable[[jax.Array, jax.Array], Any],
+) -> Any:
+    """``observe(z, fn(z))`` of each of the first ``steps`` iterates of ``solver``'s solve.
+
+    The iterates are the loop's (its hooks included, `Solver.book` and `Solver.rewind`),
+    run for ``steps`` evaluations without stopping a sample (a `jax.lax.scan`).
+
+    Returns:
+      The observations stacked along a new axis 1: leaves ``[B, steps, ...]``; index
+      ``k - 1`` observes the ``k``-th iterate (index 0 is ``z0``).
+    """
+    if z0.ndim != 2:
+        raise ValueError(f"iterate_observed() expects a [B, D] array, got shape {z0.shape}.")
+    solver = solver.replace(max_iter=steps, full_budget=True)
+    s = _init(solver, fn, z0, None)
+
+    def body(s, _):
+        s = _step(solver, fn, None, s)
+        return s, observe(s.z, s.fz)
+
+    _, rest = jax.lax.scan(body, s, None, length=steps - 1)
+    first = observe(s.z, s.fz)
+    return jax.tree_util.tree_map(
+        lambda a, b: jnp.concatenate([a[:, None], jnp.moveaxis(b, 0, 1)], axis=1), first, rest
+    )

@@ -2,9 +2,18 @@
 
 Both watch each sample's residual (in their ``stop_mode``) and act on that sample
 alone: the other samples go on exactly as under the wrapped solver. Both restart the
-part they hand a sample to from the sample's lowest-residual iterate so far, with a
-fresh state (history), and record the switch in the statistics
+part they hand a sample to from the sample's lowest-residual iterate of the solve, with
+a fresh state (history), and record the switch in the statistics
 (`deq_jax.SolverStats.part`, ``switched_at``).
+
+Both are fed by the loop: it hands them the residual of each evaluation
+(`deq_jax.solvers.Solver.book`), and the restart costs one evaluation: the step that
+switches a sample marks it (`deq_jax.solvers.Solver.rewind`), the loop evaluates the
+sample's best iterate next (it keeps that iterate anyway), and the part taking over
+starts from there and its image. So the combinators carry only ``[B]`` numbers per
+sample (best residual, stall count) and compute no residual of their own: carrying and
+updating ``[B, D]`` copies of the best iterate and its image in every step, and the
+residual computed twice, cost them 5-10% per step on the CPU.
 """
 
 from __future__ import annotations
@@ -20,9 +29,10 @@ from deq_jax.solvers.combinators import (
     check_keywords,
     check_part,
     inherit_hyper,
+    overrides,
     propose_rows,
     set_hyper,
-    stop_residual,
+    started,
     where_rows,
 )
 
@@ -31,35 +41,31 @@ TRIGGERS = ("nonfinite", "diverging", "stalled")
 
 
 class Watch(NamedTuple):
-    """Each sample's best iterate so far and how long ago it improved."""
+    """Each sample's best residual so far and how long ago it improved."""
 
-    best_z: jax.Array  # [B, D] lowest-residual iterate
-    best_fz: jax.Array  # [B, D] its image
-    best_res: jax.Array  # [B] its residual
+    best_res: jax.Array  # [B] the lowest residual so far
     stall: jax.Array  # [B] int32, evaluations since the residual last improved
+    jump: jax.Array  # [B] the last residual over the best one before it
 
 
 def _watch_init(z0: jax.Array) -> Watch:
     batch = z0.shape[0]
     return Watch(
-        best_z=z0,
-        best_fz=z0,
         best_res=jnp.full((batch,), jnp.inf, z0.dtype),
         stall=jnp.zeros((batch,), jnp.int32),
+        jump=jnp.zeros((batch,), z0.dtype),
     )
 
 
-def _watch(solver: Solver, w: Watch, z: jax.Array, fz: jax.Array) -> tuple[Watch, jax.Array]:
-    """Books ``(z, fz)``; returns the new watch and the residual of ``z``, ``[B]``."""
-    res = stop_residual(solver, z, fz)
+def _watch(w: Watch, res: jax.Array, reset: jax.Array | None = None) -> Watch:
+    """Books the residual ``res [B]`` of an evaluation; ``reset`` rows restart the stall."""
     better = res < w.best_res  # false for NaN
-    w = Watch(
-        best_z=jnp.where(better[:, None], z, w.best_z),
-        best_fz=jnp.where(better[:, None], fz, w.best_fz),
-        best_res=jnp.where(better, res, w.best_res),
-        stall=jnp.where(better, 0, w.stall + 1),
-    )
-    return w, res
+    stall = jnp.where(better, 0, w.stall + 1)
+    if reset is not None:
+        stall = jnp.where(reset, 0, stall)
+    # (inf / inf, the first evaluation, is NaN, not a jump; a non-finite res is inf)
+    jump = jnp.where(jnp.isfinite(res), res / w.best_res, jnp.inf)
+    return Watch(best_res=jnp.where(better, res, w.best_res), stall=stall, jump=jump)
 
 
 def _check_patience(patience: Any) -> None:
@@ -67,13 +73,18 @@ def _check_patience(patience: Any) -> None:
         raise ValueError(f"patience must be an integer >= 1, got {patience!r}.")
 
 
+def _has_state(aux: Any) -> bool:
+    """Whether a part's state is there (a phase that does not run it carries ``()``)."""
+    return bool(jax.tree_util.tree_leaves(aux))
+
+
 class FallbackState(NamedTuple):
     """The two parts' states, which samples are on the backup, and the watch."""
 
     primary: Any
-    backup: Any
+    backup: Any  # () in the first phase, before any sample switched (see `fallback.phases`)
     on_backup: jax.Array  # [B] bool
-    start: jax.Array  # [B] int32, evaluation after which the backup took over (0: never)
+    start: jax.Array  # [B] int32, evaluation after which the sample switched (0: never)
     watch: Watch
 
 
@@ -82,7 +93,7 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
     """``primary``, and per sample ``backup`` once ``primary`` fails on that sample.
 
     A sample switches (once, for good) when one of the ``when`` triggers fires after
-    one of its evaluations:
+    one of its evaluations, the ``k``-th:
 
     * ``"nonfinite"``: the primary proposes a non-finite iterate (e.g. Anderson's
       least-squares system went singular);
@@ -91,12 +102,14 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
     * ``"stalled"``: the residual has not gone below the sample's best for
       ``patience`` evaluations in a row.
 
-    The backup then starts from the sample's lowest-residual iterate so far, with a
-    fresh state, and makes that sample's next proposal. The other samples keep the
+    The primary's proposal is then dropped: evaluation ``k + 1`` is the sample's
+    lowest-residual iterate of the solve (`Solver.rewind`), and the backup, with a
+    fresh state, makes the sample's proposals from there on. The other samples keep the
     primary's iterates, bit for bit. The backup runs only once some sample uses it.
 
     Statistics: ``part`` is 0 (primary) or 1 (backup); ``switched_at`` the evaluation
-    after which the backup took over (0: never).
+    ``k`` after which the sample switched (0: never); the return to the best iterate is
+    the backup's first move, its first own proposal follows evaluation ``k + 1``.
 
     Attributes:
       primary: the solver tried first.
@@ -147,85 +160,87 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
             watch=_watch_init(z0),
         )
 
-    def _triggered(self, res, best_before, stall, z_primary) -> jax.Array:
-        fired = jnp.zeros(res.shape, bool)
+    def _triggered(self, watch: Watch, z_primary: jax.Array) -> jax.Array:
+        fired = jnp.zeros(watch.stall.shape, bool)
         if "nonfinite" in self.when:
-            fired |= ~jnp.all(jnp.isfinite(z_primary), axis=1)
+            # a row's sum is not finite if an entry is not (or if the entries are so
+            # large that their sum overflows): one reduction instead of two
+            fired |= ~jnp.isfinite(jnp.sum(z_primary, axis=1))
         if "diverging" in self.when:
-            fired |= ~jnp.isfinite(res) | (res > self.growth * best_before)
+            fired |= watch.jump > self.growth  # (an infinite jump: a non-finite residual)
         if "stalled" in self.when:
-            fired |= stall >= self.patience
+            fired |= watch.stall >= self.patience
         return fired
 
     def _primary_step(self, aux, z, fz, k):
-        """The primary's step, the watch, and which samples switch after it."""
-        best_before = aux.watch.best_res
-        watch, res = _watch(self, aux.watch, z, fz)
+        """The primary's step, and the state with the samples switching now."""
         z_primary, primary = self.primary.propose(aux.primary, z, fz, k)
-        switch = ~aux.on_backup & self._triggered(res, best_before, watch.stall, z_primary)
-        return watch, z_primary, primary, switch
+        switch = ~aux.on_backup & self._triggered(aux.watch, z_primary)
+        on_backup, start = aux.on_backup | switch, jnp.where(switch, k, aux.start)
+        return z_primary, FallbackState(primary, aux.backup, on_backup, start, aux.watch)
 
-    def _backup_rows(self, backup, watch, switch, start, z, fz, k):
-        """The backup's step on every row, the samples switching now restarted first."""
-        state = where_rows(switch, self.backup.init(watch.best_z), backup)
-        z_in = jnp.where(switch[:, None], watch.best_z, z)
-        fz_in = jnp.where(switch[:, None], watch.best_fz, fz)
-        return propose_rows(self.backup, state, z_in, fz_in, jnp.maximum(k - start + 1, 1))
+    @staticmethod
+    def _backup_count(start, k):
+        """The backup's own count per sample: 1 at its first proposal (after ``start + 1``)."""
+        return jnp.maximum(k - start, 1)
+
+    def _backup_rows(self, aux, z, fz, k):
+        """The backup's step on every row; fresh on the samples rewound by the last step."""
+        fresh = aux.on_backup & (aux.start == k - 1)  # z is their best iterate
+        state = where_rows(fresh, started(self.backup, z, fz, self), aux.backup)
+        return propose_rows(self.backup, state, z, fz, self._backup_count(aux.start, k))
 
     def propose(self, aux, z, fz, k):
-        watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
-        on_backup = aux.on_backup | switch
-        start = jnp.where(switch, k, aux.start)
+        z_primary, new = self._primary_step(aux, z, fz, k)
         z_backup, backup = jax.lax.cond(
-            jnp.any(on_backup),
-            lambda: self._backup_rows(aux.backup, watch, switch, start, z, fz, k),
+            jnp.any(aux.on_backup),
+            lambda: self._backup_rows(aux, z, fz, k),
             lambda: (z_primary, aux.backup),
         )
-        z_next = jnp.where(on_backup[:, None], z_backup, z_primary)
-        return z_next, FallbackState(primary, backup, on_backup, start, watch)
+        # (the samples switching now are rewound: their proposal is not evaluated)
+        z_next = jnp.where(aux.on_backup[:, None], z_backup, z_primary)
+        return z_next, new._replace(backup=backup)
+
+    def book(self, aux, res, k):
+        """The watch (and the parts' own) after evaluation ``k`` with residual ``res``."""
+        aux = aux._replace(watch=_watch(aux.watch, res))
+        if overrides(self.primary, "book"):
+            aux = aux._replace(primary=self.primary.book(aux.primary, res, k))
+        if overrides(self.backup, "book") and _has_state(aux.backup):
+            count = self._backup_count(aux.start, k)
+            aux = aux._replace(backup=self.backup.book(aux.backup, res, count))
+        return aux
+
+    def rewind(self, aux, k):
+        """The samples that switched in this step, and the marks of the part each runs."""
+        marks = aux.on_backup & (aux.start == k)
+        if overrides(self.primary, "rewind"):
+            marks |= ~aux.on_backup & self.primary.rewind(aux.primary, k)
+        if overrides(self.backup, "rewind") and _has_state(aux.backup):
+            earlier = aux.on_backup & (aux.start < k)
+            marks |= earlier & self.backup.rewind(aux.backup, self._backup_count(aux.start, k))
+        return marks
 
     def phases(self):
-        """Until a sample switches or could stall, the primary's steps alone.
+        """Until a sample switches, the primary's steps alone (no backup state carried).
 
-        The first stretch carries no backup state. A stall grows by at most one per
-        evaluation, so it ends one evaluation before a stall could reach ``patience``
-        ("stalled" needs no check in its steps); a non-finite proposal or a diverging
-        residual is caught in the step that meets it, where the backup's first proposal
-        replaces the primary's (a branch taken only then). From there on, `propose`.
+        The step in which a sample switches is the last of the first stretch (its
+        proposal is rewound, `rewind`); the backup's state is built on entering the
+        second, whose steps are `propose`'s.
         """
-        checked = tuple(t for t in self.when if t != "stalled")
 
         def primary_only(aux, z, fz, k):
-            watch, z_primary, primary, switch = self._primary_step(aux, z, fz, k)
-            start = jnp.where(switch, k, aux.start)
-            if checked:
-
-                def first_backup_step():  # only z: the backup's state is rebuilt on entry
-                    fresh = self.backup.init(z)
-                    z_backup, _ = self._backup_rows(fresh, watch, switch, start, z, fz, k)
-                    return jnp.where(switch[:, None], z_backup, z_primary)
-
-                z_primary = jax.lax.cond(jnp.any(switch), first_backup_step, lambda: z_primary)
-            return z_primary, FallbackState(primary, (), switch, start, watch)
-
-        def stay(aux, k):
-            calm = ~jnp.any(aux.on_backup)
-            if "stalled" in self.when:
-                calm &= ~jnp.any(aux.watch.stall >= self.patience - 1)
-            return calm
+            return self._primary_step(aux, z, fz, k)
 
         def enter_backup(aux, z, fz, k):
-            # the state the backup's first proposal left on the rows switched in the
-            # first stretch (the other rows' backup state is not read before they switch)
-            w = aux.watch
-            fresh = self.backup.init(w.best_z)
-            _, backup = self._backup_rows(
-                fresh, w, aux.on_backup, aux.start, w.best_z, w.best_fz, aux.start
-            )
-            return aux._replace(backup=backup)
+            return aux._replace(backup=self.backup.init(z))
 
         return (
-            Phase(primary_only, stay=stay, enter=lambda aux, z, fz, k: aux._replace(backup=())),
+            Phase(
+                primary_only,
+                stay=lambda aux, k: ~jnp.any(aux.on_backup),
+                enter=lambda aux, z, fz, k: aux._replace(backup=()),
+            ),
             Phase(self.propose, enter=enter_backup),
         )
 
@@ -246,15 +261,18 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
     """``solver``, restarted per sample from its best iterate when its residual stalls.
 
     When a sample's residual has not gone below its best for ``patience`` evaluations
-    in a row, its state (e.g. Anderson's history, Broyden's inverse-Jacobian terms) is
-    cleared and the solver goes on from the sample's lowest-residual iterate so far, as
-    if that were a new start. The samples never restarted take the solver's own batched
-    steps, bit for bit; once some sample has restarted, the restarted ones also take a
-    step mapped over the rows (each counts from its own restart), about one more step's
-    work.
+    in a row (the ``k``-th the last), the solver's proposal for it is dropped:
+    evaluation ``k + 1`` is the sample's lowest-residual iterate of the solve
+    (`Solver.rewind`), and the solver goes on from there with its state (e.g.
+    Anderson's history, Broyden's inverse-Jacobian terms) cleared, as if that were a
+    new start. That evaluation does not count towards the next stall, so a sample
+    restarts at most every ``patience + 1`` evaluations. The samples never restarted
+    take the solver's own batched steps, bit for bit; once some sample has restarted,
+    the restarted ones also take a step mapped over the rows (each counts from its own
+    restart), about one more step's work.
 
-    Statistics: ``part`` is 0 (the one solver); ``switched_at`` the evaluation after
-    which the sample last restarted (0: never).
+    Statistics: ``part`` is 0 (the one solver); ``switched_at`` the evaluation ``k``
+    after which the sample last restarted (0: never).
 
     Built positionally (``restart(anderson(), 5)``) or by keywords.
 
@@ -291,71 +309,67 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
             watch=_watch_init(z0),
         )
 
-    def _watch_step(self, aux, z, fz, k):
-        """The watch after ``(z, fz)``, the samples restarting now, and the restarts."""
-        watch, _ = _watch(self, aux.watch, z, fz)
-        now = watch.stall >= self.patience
-        watch = watch._replace(stall=jnp.where(now, 0, watch.stall))
-        return watch, now, jnp.where(now, k, aux.start)
+    def _restarts(self, aux, k):
+        """Each sample's last restart, with those restarting now (at ``k``)."""
+        return jnp.where(aux.watch.stall >= self.patience, k, aux.start)
 
-    def _rows(self, inner, watch, now, start, z, fz, k):
-        """The solver's step on every row, each counting from its last restart."""
-        state = where_rows(now, self.solver.init(watch.best_z), inner)
-        z_in = jnp.where(now[:, None], watch.best_z, z)
-        fz_in = jnp.where(now[:, None], watch.best_fz, fz)
-        local = jnp.where(start > 0, k - start + 1, k)
-        return propose_rows(self.solver, state, z_in, fz_in, local)
+    @staticmethod
+    def _count(start, k):
+        """Each sample's count: the solve's ``k``, or 1 at its first step after a restart."""
+        return jnp.where(start > 0, jnp.maximum(k - start, 1), k)
 
-    def _merge(self, aux, watch, now, start, z, fz, k, z_next, inner):
-        """The batched step's results, with the per-row step on the restarted samples."""
-        restarted = start > 0
-        z_rows, inner_rows = self._rows(aux.inner, watch, now, start, z, fz, k)
-        return (
-            jnp.where(restarted[:, None], z_rows, z_next),
-            where_rows(restarted, inner_rows, inner),
-        )
+    def _restarted_rows(self, aux, z, fz, k, z_next, inner):
+        """The batched step's results, with a per-row step on the restarted samples.
+
+        The solver's state is fresh on the samples rewound by the last step.
+        """
+        restarted = aux.start > 0
+        fresh = restarted & (aux.start == k - 1)
+        state = where_rows(fresh, started(self.solver, z, fz, self), aux.inner)
+        z_rows, rows = propose_rows(self.solver, state, z, fz, self._count(aux.start, k))
+        return jnp.where(restarted[:, None], z_rows, z_next), where_rows(restarted, rows, inner)
 
     def propose(self, aux, z, fz, k):
-        watch, now, start = self._watch_step(aux, z, fz, k)
         # the samples never restarted take the solver's own batched step, bit for bit
         z_next, inner = self.solver.propose(aux.inner, z, fz, k)
         z_next, inner = jax.lax.cond(
-            jnp.any(start > 0),
-            lambda: self._merge(aux, watch, now, start, z, fz, k, z_next, inner),
+            jnp.any(aux.start > 0),
+            lambda: self._restarted_rows(aux, z, fz, k, z_next, inner),
             lambda: (z_next, inner),
         )
-        return z_next, RestartState(inner, start, watch)
+        return z_next, RestartState(inner, self._restarts(aux, k), aux.watch)
+
+    def book(self, aux, res, k):
+        """The watch after evaluation ``k`` with residual ``res``; the evaluation of a
+        sample's best iterate after a restart does not count as a stall."""
+        rewound = (aux.start > 0) & (aux.start == k - 1)
+        aux = aux._replace(watch=_watch(aux.watch, res, reset=rewound))
+        if overrides(self.solver, "book"):
+            aux = aux._replace(inner=self.solver.book(aux.inner, res, self._count(aux.start, k)))
+        return aux
+
+    def rewind(self, aux, k):
+        """The samples restarting in this step, and the solver's own marks."""
+        marks = aux.start == k
+        if overrides(self.solver, "rewind"):
+            marks |= self.solver.rewind(aux.inner, self._count(aux.start, k))
+        return marks
 
     def phases(self):
         """Until a sample restarts, the solver's batched steps alone."""
 
         def unrestarted(aux, z, fz, k):
-            watch, now, start = self._watch_step(aux, z, fz, k)
             z_next, inner = self.solver.propose(aux.inner, z, fz, k)
-
-            def first_restart():  # only z: the restarted rows' state is rebuilt on entry
-                fresh = self.solver.init(z)  # (only the restarting rows' z is kept)
-                z_rows, _ = self._rows(fresh, watch, now, start, z, fz, k)
-                return jnp.where(now[:, None], z_rows, z_next)
-
-            z_next = jax.lax.cond(jnp.any(now), first_restart, lambda: z_next)
-            return z_next, RestartState(inner, start, watch)
-
-        def enter_restarted(aux, z, fz, k):
-            # the state the restarting step's per-row proposal left on the restarted rows
-            w, restarted = aux.watch, aux.start > 0
-            _, rows = self._rows(aux.inner, w, restarted, aux.start, w.best_z, w.best_fz, aux.start)
-            return aux._replace(inner=where_rows(restarted, rows, aux.inner))
+            return z_next, RestartState(inner, self._restarts(aux, k), aux.watch)
 
         def restarted_too(aux, z, fz, k):
-            watch, now, start = self._watch_step(aux, z, fz, k)
             z_next, inner = self.solver.propose(aux.inner, z, fz, k)
-            z_next, inner = self._merge(aux, watch, now, start, z, fz, k, z_next, inner)
-            return z_next, RestartState(inner, start, watch)
+            z_next, inner = self._restarted_rows(aux, z, fz, k, z_next, inner)
+            return z_next, RestartState(inner, self._restarts(aux, k), aux.watch)
 
         return (
             Phase(unrestarted, stay=lambda aux, k: ~jnp.any(aux.start > 0)),
-            Phase(restarted_too, enter=enter_restarted),
+            Phase(restarted_too),
         )
 
     def path(self, aux, k):
