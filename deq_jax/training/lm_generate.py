@@ -14,6 +14,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -43,6 +44,16 @@ def _sample(key: jax.Array, log_probs: jax.Array, temperature: float, top_k: int
         kth = jax.lax.top_k(logits, top_k)[0][-1]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
     return jax.random.categorical(key, logits)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_iter"))
+def _read(model: Any, variables: Any, mems: Any, tokens: jax.Array, z0: Any, max_iter: int | None):
+    """Reads ``tokens [1, T]`` after the memory ``mems``: the new memory, the last
+    position's log-probabilities, its fixed point (the next solve's start) and its solver
+    steps. One program per model, budget and segment length, shared by every call of
+    `generate` (the variables are an argument, not constants of the program)."""
+    out = model.apply(variables, tokens, mems=mems, train=False, max_iter=max_iter, z0=z0)
+    return out.mems, out.log_probs[0, -1], out.z_star[:, -1:], out.stats.nstep[0]
 
 
 def generate(
@@ -91,11 +102,7 @@ def generate(
     if length < 0 or seq_len < 1:
         raise ValueError(f"length must be >= 0 and seq_len >= 1, got {length} and {seq_len}.")
 
-    @jax.jit
-    def read(mems, tokens, z0):
-        out = model.apply(variables, tokens, mems=mems, train=False, max_iter=max_iter, z0=z0)
-        return out.mems, out.log_probs[0, -1], out.z_star[:, -1:], out.stats.nstep[0]
-
+    read = functools.partial(_read, model, variables, max_iter=max_iter)
     mems = model.init_mems(1)
     for begin in range(0, prompt.size, seq_len):
         chunk = jnp.asarray(prompt[None, begin : begin + seq_len], jnp.int32)
