@@ -214,19 +214,13 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
     def _branch(self, i: int, take_over: bool):
         """Part ``i``'s step; with ``take_over``, its first step (it takes over first)."""
         part = self.solvers[i]
-        start = self.bounds[i - 1] if i > 0 else 0
 
         def run(aux, z, fz, k):
-            own, offset = aux[i], 0
+            own = aux[i]
             if take_over:
-                handed = self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1)
-                if handed is None:
-                    own, offset = started(part, z, fz, self), start
-                else:
-                    own, offset = handed, 0
-            elif i > 0 and self.solvers[i - 1].hand_over(aux[i - 1], part, k - 1) is None:
-                offset = start  # a part started afresh counts from its start
-            z_next, own = part.propose(own, z, fz, k - offset)
+                handed = self._handed(aux, i, k)
+                own = started(part, z, fz, self) if handed is None else handed
+            z_next, own = part.propose(own, z, fz, self._count(aux, i, k))
             return z_next, (*aux[:i], own, *aux[i + 1 :])
 
         return run
@@ -256,9 +250,14 @@ class sequence(Solver):  # noqa: N801 - registry name is the constructor name
             out.append(Phase(self._branch(i, False), stay=None if hi is None else _until(hi)))
         return tuple(out)
 
+    def _handed(self, aux, i: int, k):
+        """The history part ``i - 1`` hands part ``i`` (`Solver.hand_over`), or ``None``."""
+        return None if i == 0 else self.solvers[i - 1].hand_over(aux[i - 1], self.solvers[i], k - 1)
+
     def _count(self, aux, i: int, k):
-        """Part ``i``'s own count at the solve's ``k`` (see `_branch`)."""
-        if i == 0 or self.solvers[i - 1].hand_over(aux[i - 1], self.solvers[i], k - 1) is not None:
+        """Part ``i``'s own count at the solve's ``k``: a part started afresh counts from
+        its start, one that continues a handed-over history sees the solve's count."""
+        if i == 0 or self._handed(aux, i, k) is not None:
             return k
         return k - self.bounds[i - 1]
 

@@ -181,11 +181,11 @@ def _step(
     propose: Callable[..., tuple[jax.Array, Any]] | None = None,
 ) -> LoopState:
     z, aux = (propose or solver.propose)(s.aux, s.z, s.fz, s.k)
-    z = rewound(solver, aux, s.k, z, s.best_z)
+    z = _rewound(solver, aux, s.k, z, s.best_z)
     return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fn(z), aux=aux), settle)
 
 
-def rewound(solver: Solver, aux: Any, k: jax.Array, z: jax.Array, best_z: jax.Array) -> jax.Array:
+def _rewound(solver: Solver, aux: Any, k: jax.Array, z: jax.Array, best_z: jax.Array) -> jax.Array:
     """``z``, with ``best_z`` on the rows ``solver.rewind(aux, k)`` marks (`Solver.rewind`)."""
     back = solver.rewind(aux, k)
     return z if back is None else jnp.where(back[:, None], best_z, z)

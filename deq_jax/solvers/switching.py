@@ -45,7 +45,6 @@ class Watch(NamedTuple):
 
     best_res: jax.Array  # [B] the lowest residual so far
     stall: jax.Array  # [B] int32, evaluations since the residual last improved
-    jump: jax.Array  # [B] the last residual over the best one before it
 
 
 def _watch_init(z0: jax.Array) -> Watch:
@@ -53,7 +52,6 @@ def _watch_init(z0: jax.Array) -> Watch:
     return Watch(
         best_res=jnp.full((batch,), jnp.inf, z0.dtype),
         stall=jnp.zeros((batch,), jnp.int32),
-        jump=jnp.zeros((batch,), z0.dtype),
     )
 
 
@@ -63,9 +61,13 @@ def _watch(w: Watch, res: jax.Array, reset: jax.Array | None = None) -> Watch:
     stall = jnp.where(better, 0, w.stall + 1)
     if reset is not None:
         stall = jnp.where(reset, 0, stall)
-    # (inf / inf, the first evaluation, is NaN, not a jump; a non-finite res is inf)
-    jump = jnp.where(jnp.isfinite(res), res / w.best_res, jnp.inf)
-    return Watch(best_res=jnp.where(better, res, w.best_res), stall=stall, jump=jump)
+    return Watch(best_res=jnp.where(better, res, w.best_res), stall=stall)
+
+
+def _rewound(start: jax.Array, k: jax.Array) -> jax.Array:
+    """``[B]``: the samples switched (restarted) after evaluation ``k - 1``, whose
+    ``k``-th evaluation is therefore their best iterate (``start``: 0 for never)."""
+    return (start > 0) & (start == k - 1)
 
 
 def _check_patience(patience: Any) -> None:
@@ -86,6 +88,7 @@ class FallbackState(NamedTuple):
     on_backup: jax.Array  # [B] bool
     start: jax.Array  # [B] int32, evaluation after which the sample switched (0: never)
     watch: Watch
+    jump: jax.Array  # [B] the last residual over the best one before it ("diverging")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,26 +161,27 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
             on_backup=jnp.zeros((batch,), bool),
             start=jnp.zeros((batch,), jnp.int32),
             watch=_watch_init(z0),
+            jump=jnp.zeros((batch,), z0.dtype),
         )
 
-    def _triggered(self, watch: Watch, z_primary: jax.Array) -> jax.Array:
-        fired = jnp.zeros(watch.stall.shape, bool)
+    def _triggered(self, aux: FallbackState, z_primary: jax.Array) -> jax.Array:
+        fired = jnp.zeros(aux.on_backup.shape, bool)
         if "nonfinite" in self.when:
             # a row's sum is not finite if an entry is not (or if the entries are so
             # large that their sum overflows): one reduction instead of two
             fired |= ~jnp.isfinite(jnp.sum(z_primary, axis=1))
         if "diverging" in self.when:
-            fired |= watch.jump > self.growth  # (an infinite jump: a non-finite residual)
+            fired |= aux.jump > self.growth  # (an infinite jump: a non-finite residual)
         if "stalled" in self.when:
-            fired |= watch.stall >= self.patience
+            fired |= aux.watch.stall >= self.patience
         return fired
 
     def _primary_step(self, aux, z, fz, k):
         """The primary's step, and the state with the samples switching now."""
         z_primary, primary = self.primary.propose(aux.primary, z, fz, k)
-        switch = ~aux.on_backup & self._triggered(aux.watch, z_primary)
+        switch = ~aux.on_backup & self._triggered(aux, z_primary)
         on_backup, start = aux.on_backup | switch, jnp.where(switch, k, aux.start)
-        return z_primary, FallbackState(primary, aux.backup, on_backup, start, aux.watch)
+        return z_primary, aux._replace(primary=primary, on_backup=on_backup, start=start)
 
     @staticmethod
     def _backup_count(start, k):
@@ -186,7 +190,7 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
 
     def _backup_rows(self, aux, z, fz, k):
         """The backup's step on every row; fresh on the samples rewound by the last step."""
-        fresh = aux.on_backup & (aux.start == k - 1)  # z is their best iterate
+        fresh = _rewound(aux.start, k)  # z is their best iterate
         state = where_rows(fresh, started(self.backup, z, fz, self), aux.backup)
         return propose_rows(self.backup, state, z, fz, self._backup_count(aux.start, k))
 
@@ -203,6 +207,10 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
 
     def book(self, aux, res, k):
         """The watch (and the parts' own) after evaluation ``k`` with residual ``res``."""
+        if "diverging" in self.when:
+            # (inf / inf, the first evaluation, is NaN, not a jump; a non-finite res is inf)
+            jump = jnp.where(jnp.isfinite(res), res / aux.watch.best_res, jnp.inf)
+            aux = aux._replace(jump=jump)
         aux = aux._replace(watch=_watch(aux.watch, res))
         if overrides(self.primary, "book"):
             aux = aux._replace(primary=self.primary.book(aux.primary, res, k))
@@ -229,15 +237,12 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
         second, whose steps are `propose`'s.
         """
 
-        def primary_only(aux, z, fz, k):
-            return self._primary_step(aux, z, fz, k)
-
         def enter_backup(aux, z, fz, k):
             return aux._replace(backup=self.backup.init(z))
 
         return (
             Phase(
-                primary_only,
+                self._primary_step,
                 stay=lambda aux, k: ~jnp.any(aux.on_backup),
                 enter=lambda aux, z, fz, k: aux._replace(backup=()),
             ),
@@ -324,8 +329,7 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
         The solver's state is fresh on the samples rewound by the last step.
         """
         restarted = aux.start > 0
-        fresh = restarted & (aux.start == k - 1)
-        state = where_rows(fresh, started(self.solver, z, fz, self), aux.inner)
+        state = where_rows(_rewound(aux.start, k), started(self.solver, z, fz, self), aux.inner)
         z_rows, rows = propose_rows(self.solver, state, z, fz, self._count(aux.start, k))
         return jnp.where(restarted[:, None], z_rows, z_next), where_rows(restarted, rows, inner)
 
@@ -342,8 +346,7 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
     def book(self, aux, res, k):
         """The watch after evaluation ``k`` with residual ``res``; the evaluation of a
         sample's best iterate after a restart does not count as a stall."""
-        rewound = (aux.start > 0) & (aux.start == k - 1)
-        aux = aux._replace(watch=_watch(aux.watch, res, reset=rewound))
+        aux = aux._replace(watch=_watch(aux.watch, res, reset=_rewound(aux.start, k)))
         if overrides(self.solver, "book"):
             aux = aux._replace(inner=self.solver.book(aux.inner, res, self._count(aux.start, k)))
         return aux
