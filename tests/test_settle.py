@@ -212,17 +212,20 @@ def test_evaluator_with_settle_patience(tmp_path):
 @pytest.mark.slow
 def test_training_evaluates_with_the_configured_patience(tmp_path):
     from deq_jax.training import Evaluator, SettleRule, restore_trained, train_and_evaluate
+    from deq_jax.training.selection import restore_selected
 
     config = prefix_sum.get_config("smoke")
     config.deq.solver.tol = 1e-6
     config.deq.settle_patience = 1
     result = train_and_evaluate(config, str(tmp_path), emit=lambda line: None)
     run = restore_trained(config, str(tmp_path), "to check")
+    # The final report scores the checkpoint chosen on validation, not the last one.
+    state, _, _ = restore_selected(str(tmp_path), run.state, run.start_step)
     split = run.task.eval_splits[0]
     budget = config.deq.train_max_iter
     for patience in (0, 1):
         metrics = Evaluator(
             run.model, run.task, run.mesh, config.eval.batch_size, settle=SettleRule(patience)
-        ).evaluate(run.state, split, max_iter=budget)
+        ).evaluate(state, split, max_iter=budget)
         same = metrics["nstep_mean"] == pytest.approx(result.report["1x"][split]["nstep_mean"])
         assert same == (patience == 1)

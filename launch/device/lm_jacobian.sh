@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The DEQ-Transformer LM at its `:gpu` size (d_model 512, batch 64 x 256) on one
+# accelerator, with and without the Jacobian regulariser, trained side by side for the
+# same steps: does the regulariser's bpc cost shrink with training length (issue 33's
+# ">= 2x fewer forward steps at <= 0.02 bpc"; on the 2-core CPU, a third of an epoch,
+# the weights 2 / 0.5 / 0.1 cost +0.22 / +0.12 / +0.04 bpc, BUILD_NOTES)?
+#
+#   bash launch/device/lm_jacobian.sh OUT_DIR [SHAKESPEARE_DIR]
+#
+# Writes OUT_DIR/{deq,jacobian}/ (each run's workdir) and their logs, then the table of
+# `launch.lm_table` (valid and test bpc, forward steps) and OUT_DIR/table.json.
+# STEPS (default 1,000: about 3.5 epochs of Shakespeare; the H100 trained the DEQ alone
+# at 8 steps/s, so two runs sharing it need ~4-5 minutes), PRETRAIN (the weight-tied
+# warm-up, default STEPS / 5), WEIGHT (the Jacobian weight, default 0.1), FREQ (the
+# fraction of steps it is computed on, default 0.4) and RUN_SECONDS (each run's time
+# limit, default 480) size it; EXTRA adds --config flags to both runs. On a CPU:
+#   SIZE=smoke STEPS=6 bash launch/device/lm_jacobian.sh /tmp/x ~/.cache/deq_jax/shakespeare
+# Each run's data are prepared once under its workdir (a few seconds for Shakespeare).
+# On a lent machine (device tool `run`, carry [".whl", ".devdata/shakespeare"]; the wheels
+# from launch/device/wheels.sh, the corpus from `python -m launch.prepare_data
+# shakespeare --out .devdata/shakespeare`), keeping checkpoints off $OUT:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit;
+#   bash launch/device/lm_jacobian.sh /tmp/lmj; cp /tmp/lmj/*.log /tmp/lmj/table.json $OUT
+set -uo pipefail
+out=$1
+corpus=${2:-.devdata/shakespeare}
+py=${PYTHON:-python3}
+size=${SIZE:-gpu}
+steps=${STEPS:-1000}
+pretrain=${PRETRAIN:-$((steps / 5))}
+weight=${WEIGHT:-0.1}
+freq=${FREQ:-0.4}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+mkdir -p "$out"
+stamp() { echo "[$(date +%T)] $*"; }
+
+common=(--config.task.path="$corpus" --config.train.steps="$steps"
+  --config.train.pretrain_steps="$pretrain" --config.train.warmup_steps=$((steps / 10 + 1))
+  --config.eval.every_steps=$((steps / 2)) --config.ckpt.every_steps=$((steps / 2))
+  --config.log.every_steps=$((steps / 10 + 1)))
+stamp "two runs of $steps steps ($pretrain weight-tied warm-up), size $size"
+timeout "${RUN_SECONDS:-480}" "$py" -m launch.main --config "configs/lm_shakespeare.py:$size" \
+  --workdir "$out/deq" "${common[@]}" ${EXTRA:-} > "$out/deq.log" 2>&1 &
+timeout "${RUN_SECONDS:-480}" "$py" -m launch.main \
+  --config "configs/lm_shakespeare.py:$size,jacobian" --workdir "$out/jacobian" "${common[@]}" \
+  --config.regularizer.jacobian_weight="$weight" --config.regularizer.jacobian_freq="$freq" \
+  ${EXTRA:-} > "$out/jacobian.log" 2>&1 &
+wait
+for run in deq jacobian; do stamp "$run:"; tail -3 "$out/$run.log"; done
+"$py" -m launch.lm_table --group "DEQ=$out/deq" \
+  --group "DEQ + Jacobian (weight $weight, p $freq)=$out/jacobian" --output "$out/table.json"
