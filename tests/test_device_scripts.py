@@ -20,7 +20,11 @@ def test_lm_jacobian_script_trains_both_runs_and_writes_the_table(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
         ["bash", "launch/device/lm_jacobian.sh", str(out), corpus],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((out / "table.json").read_text())

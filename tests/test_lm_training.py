@@ -4,6 +4,7 @@ the errors a user meets first."""
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -96,6 +97,25 @@ def test_resume_is_exact(corpus, trained, tmp_path):
         jax.device_get(resumed.state.params),
         jax.device_get(result.state.params),
     )
+
+
+@pytest.mark.slow  # the main loop's test_a_larger_train_steps_continues... in CI form:
+# test_earlier_report_is_the_one_written_at_or_before_the_restored_step
+def test_a_larger_train_steps_continues_and_keeps_the_time(corpus, trained, tmp_path):
+    workdir, _, _ = trained
+    run_dir = tmp_path / "run"
+    shutil.copytree(workdir, run_dir)
+    report_path = run_dir / REPORT_FILE
+    saved = json.loads(report_path.read_text())
+    saved["train_seconds"] = 1000.0  # a known earlier training time
+    report_path.write_text(json.dumps(saved))
+    config = smoke_config(corpus)
+    config.train.steps += 2
+    lines = []
+    result = train_language_model(config, str(run_dir), emit=lines.append)
+    assert result.step == config.train.steps
+    report = json.loads(report_path.read_text())
+    assert report["step"] == config.train.steps and report["train_seconds"] > 1000.0
 
 
 def test_rerunning_a_finished_run_says_so_and_writes_nothing(corpus, trained):

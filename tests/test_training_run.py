@@ -247,6 +247,17 @@ def test_rerunning_a_finished_run_says_so_and_writes_nothing(finished):
     chex.assert_trees_all_close(again.eval_metrics, result.eval_metrics, rtol=1e-6)
 
 
+def test_earlier_report_is_the_one_written_at_or_before_the_restored_step(tmp_path):
+    from deq_jax.training.train import earlier_report
+
+    assert earlier_report(str(tmp_path), "report.json", 6) is None  # no report
+    (tmp_path / "report.json").write_text(json.dumps({"step": 6, "train_seconds": 5.0}))
+    assert earlier_report(str(tmp_path), "report.json", 6)["train_seconds"] == 5.0
+    assert earlier_report(str(tmp_path), "report.json", 8)["step"] == 6  # continued
+    assert earlier_report(str(tmp_path), "report.json", 4) is None  # a later run's report
+    assert earlier_report(str(tmp_path), "report.json", 0) is None  # training from scratch
+
+
 @pytest.mark.slow  # resuming is in CI (test_resume_gives_the_uninterrupted_parameters)
 def test_a_larger_train_steps_continues_without_duplicates_and_keeps_the_time(finished, tmp_path):
     config, workdir, _, _ = finished

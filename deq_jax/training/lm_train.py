@@ -45,7 +45,7 @@ from deq_jax.training.nonfinite import NonFiniteSteps, logged
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.state import TrainState
-from deq_jax.training.train import config_json, finished_report, interval_mean
+from deq_jax.training.train import config_json, earlier_report, finished_report, interval_mean
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 REPORT_FILE = "lm_report.json"
@@ -98,6 +98,7 @@ def train_language_model(
     previous = finished_report(workdir, REPORT_FILE, start, tc.steps, ckpt, emit)
     if previous is not None:
         return LMRunResult(state=state, mems=mems, step=start, eval_metrics=previous["eval"])
+    previous = earlier_report(workdir, REPORT_FILE, start)
     if lead:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config_json(config))
@@ -169,7 +170,7 @@ def train_language_model(
     eval_metrics: dict[str, dict] = {}
     train_seconds, train_tokens = 0.0, 0.0
     best = BestCheckpoint(workdir, SelectionRule.from_config(ec, task), emit)
-    if previous is not None and previous.get("step", start + 1) <= start:
+    if previous is not None:
         train_seconds = previous.get("train_seconds") or 0.0
         train_tokens = (previous.get("train_tokens_per_second") or 0.0) * train_seconds
     try:

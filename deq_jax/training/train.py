@@ -123,6 +123,18 @@ def _write_config(config: Any, workdir: str) -> None:
         f.write(config_json(config))
 
 
+def earlier_report(workdir: str, report_file: str, start: int) -> dict | None:
+    """The report a run wrote at or before its restored step ``start`` (a run resumed
+    with a larger ``train.steps`` adds its ``train_seconds`` to the new run's), or
+    ``None``: no report, or one written after ``start`` (a later run's, not continued)."""
+    path = os.path.join(workdir, report_file)
+    if not start or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        previous = json.load(f)
+    return previous if previous.get("step", start + 1) <= start else None
+
+
 def finished_report(
     workdir: str, report_file: str, start: int, steps: int, ckpt: Any, emit: Callable[[str], None]
 ) -> dict | None:
@@ -132,18 +144,14 @@ def finished_report(
     was written at that step; then ``ckpt`` is closed and one line says so. Both
     training loops (this one and the language model's) ask this before writing anything.
     """
-    path = os.path.join(workdir, report_file)
-    if start < steps or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        previous = json.load(f)
-    if previous.get("step") != start:
+    previous = earlier_report(workdir, report_file, start)
+    if start < steps or previous is None or previous.get("step") != start:
         return None
     ckpt.close()
     emit(
         f"The run in {workdir} is finished (step {start}, train.steps={steps}); its report "
-        f"is {path}. Nothing was run or written. Raise --config.train.steps to train "
-        "further, or use a fresh --workdir."
+        f"is {os.path.join(workdir, report_file)}. Nothing was run or written. Raise "
+        "--config.train.steps to train further, or use a fresh --workdir."
     )
     return previous
 
@@ -223,6 +231,7 @@ def train_and_evaluate(
     if previous is not None:
         splits = tuple(config.eval.splits) or tuple(task.eval_splits)
         return _finished_result(workdir, splits, state, start, previous["report"])
+    previous = earlier_report(workdir, evaluate.REPORT_FILE, start)
     if lead:
         _write_config(config, workdir)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
@@ -342,7 +351,7 @@ def train_and_evaluate(
         ckpt.maybe_save(last_step, state, force=True)
         ckpt.wait()
         train_seconds = time.perf_counter() - began
-        if previous is not None and previous.get("step", start + 1) <= start:
+        if previous is not None:
             train_seconds += previous.get("train_seconds") or 0.0
         report: dict[str, dict[str, dict]] = {}
         if last_step >= total:
