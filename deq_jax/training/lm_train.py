@@ -45,7 +45,7 @@ from deq_jax.training.nonfinite import NonFiniteSteps, logged
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.state import TrainState
-from deq_jax.training.train import config_json, earlier_report, finished_report, interval_mean
+from deq_jax.training.train import config_json, earlier_report, interval_mean, run_is_finished
 from deq_jax.training.writers import MetricWriter, ProgressLogger
 
 REPORT_FILE = "lm_report.json"
@@ -95,10 +95,9 @@ def train_language_model(
     mesh, task, model, state, mems = run.mesh, run.task, run.model, run.state, run.mems
     ckpt, start = run.checkpointer, run.start_step
     lead = jax.process_index() == 0
-    previous = finished_report(workdir, REPORT_FILE, start, tc.steps, ckpt, emit)
-    if previous is not None:
-        return LMRunResult(state=state, mems=mems, step=start, eval_metrics=previous["eval"])
     previous = earlier_report(workdir, REPORT_FILE, start)
+    if run_is_finished(previous, workdir, REPORT_FILE, start, tc.steps, ckpt, emit):
+        return LMRunResult(state=state, mems=mems, step=start, eval_metrics=previous["eval"])
     if lead:
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(config_json(config))

@@ -135,25 +135,29 @@ def earlier_report(workdir: str, report_file: str, start: int) -> dict | None:
     return previous if previous.get("step", start + 1) <= start else None
 
 
-def finished_report(
-    workdir: str, report_file: str, start: int, steps: int, ckpt: Any, emit: Callable[[str], None]
-) -> dict | None:
-    """A finished run's report, or ``None`` if the run has steps left.
-
-    The run is finished when it restored step ``start >= steps`` and its ``report_file``
-    was written at that step; then ``ckpt`` is closed and one line says so. Both
-    training loops (this one and the language model's) ask this before writing anything.
+def run_is_finished(
+    previous: dict | None,
+    workdir: str,
+    report_file: str,
+    start: int,
+    steps: int,
+    ckpt: Any,
+    emit: Callable[[str], None],
+) -> bool:
+    """Whether the run is finished: it restored step ``start >= steps`` and ``previous``
+    (its `earlier_report`) was written at that step; then ``ckpt`` is closed and one
+    line says so. Both training loops (this one and the language model's) ask this
+    before writing anything.
     """
-    previous = earlier_report(workdir, report_file, start)
     if start < steps or previous is None or previous.get("step") != start:
-        return None
+        return False
     ckpt.close()
     emit(
         f"The run in {workdir} is finished (step {start}, train.steps={steps}); its report "
         f"is {os.path.join(workdir, report_file)}. Nothing was run or written. Raise "
         "--config.train.steps to train further, or use a fresh --workdir."
     )
-    return previous
+    return True
 
 
 def _finished_result(workdir: str, splits, state: TrainState, step: int, report: dict):
@@ -227,11 +231,10 @@ def train_and_evaluate(
     mesh, task, model, state, start = run.mesh, run.task, run.model, run.state, run.start_step
     ckpt = run.checkpointer
     lead = jax.process_index() == 0
-    previous = finished_report(workdir, evaluate.REPORT_FILE, start, tc.steps, ckpt, emit)
-    if previous is not None:
+    previous = earlier_report(workdir, evaluate.REPORT_FILE, start)
+    if run_is_finished(previous, workdir, evaluate.REPORT_FILE, start, tc.steps, ckpt, emit):
         splits = tuple(config.eval.splits) or tuple(task.eval_splits)
         return _finished_result(workdir, splits, state, start, previous["report"])
-    previous = earlier_report(workdir, evaluate.REPORT_FILE, start)
     if lead:
         _write_config(config, workdir)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
