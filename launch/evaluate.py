@@ -21,13 +21,13 @@ once (nothing generated or created).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 from collections.abc import Sequence
 
 from absl import flags
 
+from deq_jax.training.writers import write_json
 from launch import main as launch_main
 
 _SPLITS = flags.DEFINE_list("splits", [], "Splits to evaluate (default: every eval split).")
@@ -63,8 +63,7 @@ def main(argv: Sequence[str]) -> None:
         checkpoint=_CHECKPOINT.value,
     )
     path = _OUTPUT.value or os.path.join(workdir, "evaluation.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
+    write_json(path, report, indent=2, sort_keys=True)
     print(f"Wrote {path}", flush=True)
 
 

@@ -21,13 +21,13 @@ References:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
 
 from absl import flags
 
+from deq_jax.training.writers import write_json
 from launch import main as launch_main
 
 _BUDGETS = flags.DEFINE_list("budgets", ["30", "60", "120"], "Forward budgets.")
@@ -101,8 +101,7 @@ def main(argv: Sequence[str]) -> None:
             f"{r['seconds']:8.3f}"
         )
     path = os.path.join(workdir, "lm_memory.json")
-    with open(path, "w") as f:
-        json.dump({"rows": rows}, f, indent=2)
+    write_json(path, {"rows": rows}, indent=2)
     print(f"Wrote {path}", flush=True)
 
 

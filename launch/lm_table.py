@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
+from deq_jax.training.writers import write_json
 from launch import seeds
 
 _GROUPS = flags.DEFINE_multi_string("group", [], "name=workdir,workdir,... (one per group).")
@@ -121,8 +122,7 @@ def main(argv: Sequence[str]) -> None:
         rows.append(summarize(name, [read_run(w) for w in workdirs]))
     print(markdown(rows))
     if _OUTPUT.value:
-        with open(_OUTPUT.value, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(_OUTPUT.value, rows, indent=2)
 
 
 if __name__ == "__main__":

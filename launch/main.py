@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from ml_collections import ConfigDict, config_flags
 from deq_jax.training.build import renamed_key
 from deq_jax.training.setup import check_config
 from deq_jax.training.sharding import explain_peer_failure
+from deq_jax.training.writers import write_json
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -192,8 +192,7 @@ def run_split_tool(
     emit = functools.partial(print, flush=True)
     report = analyse(_CONFIG.value, workdir, flags.FLAGS[SPLITS_FLAG].value, emit=emit)
     path = os.path.join(workdir, f"{output}.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
+    write_json(path, report, indent=2, sort_keys=True)
     figure = write_figure(report, os.path.join(workdir, f"{output}.png"))
     emit(f"Wrote {path}, {figure}")
 

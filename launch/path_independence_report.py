@@ -57,6 +57,7 @@ from absl import app, flags
 
 from deq_jax import analysis
 from deq_jax.training import NonFiniteLossError
+from deq_jax.training.writers import write_json
 from launch import main as launch_main
 from launch.runs import quiet, trained_run
 
@@ -338,8 +339,7 @@ def run_report(
                 result = analyse_run(
                     run, config, target, spec["metric"], key, aa_batch, attack_batch
                 )
-                with open(cached, "w") as f:
-                    json.dump(result, f, default=str)
+                write_json(cached, result, default=str)
             result["overrides"] = {k: v for k, v in overrides.items()}
             section[name] = result
             row = dict(task=task, variant=name, **result["table"])
@@ -355,11 +355,9 @@ def run_report(
     emit(f"Spearman(AA, accuracy) over {len(runs)} runs: {report['spearman']:.3f}")
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, REPORT_FILE)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1, default=str)
+    write_json(path, report, indent=1, default=str)
     report["figures"] = plots.write_figures(report, root)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1, default=str)
+    write_json(path, report, indent=1, default=str)
     emit(f"Wrote {path} and {', '.join(report['figures'])}")
     return report
 

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from deq_jax.training import NonFiniteLossError, setup, train_and_evaluate
-from deq_jax.training.writers import read_metrics
+from deq_jax.training.writers import read_metrics, write_json
 from launch import path_independence_plots as plots
 from launch import path_independence_report as report
 from launch import path_independence_study as study
@@ -108,8 +108,7 @@ def train_until_fit(
             record["done"] = record["fit"] or stop >= cap
         emit(f"  step {record['steps']}: {split} {metric} {record['fit_accuracy']}")
         os.makedirs(workdir, exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(record, f)
+        write_json(path, record)
     config.train.stop_at_step = 0
     return record
 
@@ -322,8 +321,7 @@ def write_summary(root: str, scale: study.StudyScale) -> dict[str, Any]:
     figures)``."""
     rows = read_rows(root)
     summary = summarise(rows)
-    with open(os.path.join(root, SUMMARY_FILE), "w") as f:
-        json.dump(summary, f, indent=1)
+    write_json(os.path.join(root, SUMMARY_FILE), summary, indent=1)
     with open(os.path.join(root, TABLE_FILE), "w") as f:
         f.write(markdown(rows, summary, scale))
     figures = plots.write_study_figures(rows, summary, root)

@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from deq_jax.training.writers import write_json
+
 # Fields a finished run may be loaded under with other values than it was trained with:
 # how long it trained (a longer run resumes), the test splits of its task (every task
 # names them ``test_*``) and how it is evaluated, logged and checkpointed. Everything
@@ -165,8 +167,7 @@ def write_report(
     the suffix ``.md``; then says ``Wrote`` and every path, ``also`` (files the report
     script wrote itself, e.g. figures) included."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
+    write_json(path, report, indent=1)
     written = [path]
     if markdown is not None:
         written.append(os.path.splitext(path)[0] + ".md")

@@ -28,7 +28,6 @@ References:
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +37,7 @@ import jax
 import numpy as np
 from absl import flags
 
+from deq_jax.training.writers import write_json
 from launch import main as launch_main
 
 DEFAULT_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -345,8 +345,7 @@ def run_pareto(
         "summary": summarize(table, curves, unroll, margin),
     }
     path = os.path.join(workdir, REPORT_FILE)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
+    write_json(path, report, indent=2, sort_keys=True)
     figure = plot_pareto(report, os.path.join(workdir, "solver_pareto.png"))
     key = report["summary"]["metric"]
     emit(f"split {split}, {batch_size} examples per batch; seconds per batch (median):")

@@ -25,13 +25,13 @@ References:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 
 from absl import flags
 
+from deq_jax.training.writers import write_json
 from launch import main as launch_main
 
 _BUDGETS = flags.DEFINE_list("budgets", ["18", "36", "72"], "Forward budgets.")
@@ -186,8 +186,7 @@ def main(argv: Sequence[str]) -> None:
         )
         print(f"{r['backward']:10s} {r['budget']:6d} {r['temp_bytes'] / 2**20:12.1f} {times}")
     path = os.path.join(workdir, "step_cost.json")
-    with open(path, "w") as f:
-        json.dump({"rows": rows}, f, indent=2)
+    write_json(path, {"rows": rows}, indent=2)
     print(f"Wrote {path}", flush=True)
 
 

@@ -28,6 +28,7 @@ from deq_jax.training.selection import describe_selected, restore_selected
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
+from deq_jax.training.writers import write_json
 
 REPORT_FILE = "length_generalization.json"
 
@@ -224,9 +225,7 @@ def read_train_seconds(workdir: str, report_file: str = REPORT_FILE) -> float | 
 def write_report(workdir: str, report: dict, extra: dict | None = None) -> str:
     """Writes ``{"report": report, **extra}`` to ``{workdir}/length_generalization.json``."""
     path = os.path.join(workdir, REPORT_FILE)
-    with open(path, "w") as f:
-        json.dump({"report": report, **(extra or {})}, f, indent=2, sort_keys=True)
-    return path
+    return write_json(path, {"report": report, **(extra or {})}, indent=2, sort_keys=True)
 
 
 def evaluate_checkpoint(

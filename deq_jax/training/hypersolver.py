@@ -42,6 +42,7 @@ from deq_jax.training.evaluate import Evaluator, read_train_seconds
 from deq_jax.training.frozen_deq import FrozenDEQ
 from deq_jax.training.setup import setup
 from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
+from deq_jax.training.writers import write_json
 
 REPORT_FILE = "neural_solver.json"
 # The variants a run fits: name -> (alpha_mode, with an initialiser).
@@ -236,8 +237,7 @@ def train_hypersolver(
     )
     solver_params, deq_params = report["solver_params"], report["deq_params"]
     deq_seconds, fit_seconds = report["deq_train_seconds"], target_seconds + main.seconds
-    with open(os.path.join(workdir, REPORT_FILE), "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
+    write_json(os.path.join(workdir, REPORT_FILE), report, indent=2, sort_keys=True)
     emit(
         f"solver: {solver_params} parameters ({100 * report['param_fraction']:.2f}% of the "
         f"DEQ's {deq_params}); fit {fit_seconds:.1f} s"

@@ -25,7 +25,6 @@ References:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ from deq_jax.training.lm_evaluate import StreamEvaluator
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_train import REPORT_FILE as LM_REPORT_FILE
 from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets
+from deq_jax.training.writers import write_json
 
 # The batch key under which the segment memory reaches the model (a model keyword).
 MEMS = "mems"
@@ -169,8 +169,7 @@ def train_lm_hypersolver(
     solver_params, lm_params = report["solver_params"], report["deq_params"]
     lm_seconds, fit_seconds = report["deq_train_seconds"], target_seconds + main.seconds
     path = os.path.join(workdir, REPORT_FILE)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
+    write_json(path, report, indent=2, sort_keys=True)
     emit(
         f"solver: {solver_params} parameters ({100 * report['param_fraction']:.2f}% of the "
         f"LM's {lm_params}); fit {fit_seconds:.1f} s"

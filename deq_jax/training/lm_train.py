@@ -29,7 +29,6 @@ References:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -46,7 +45,7 @@ from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.state import TrainState
 from deq_jax.training.train import config_json, earlier_report, interval_mean, run_is_finished
-from deq_jax.training.writers import MetricWriter, ProgressLogger
+from deq_jax.training.writers import MetricWriter, ProgressLogger, write_json
 
 REPORT_FILE = "lm_report.json"
 
@@ -226,8 +225,7 @@ def train_language_model(
                     "best": best.record,
                 }
                 path = os.path.join(workdir, REPORT_FILE)
-                with open(path, "w") as f:
-                    json.dump(report, f, indent=2)
+                write_json(path, report, indent=2)
                 emit(f"Wrote {path}")
     finally:
         ckpt.close()
