@@ -22,6 +22,12 @@ table has a row per seed, then a row per algorithm and mode with the mean +- sta
 deviation over seeds (`launch.seeds.aggregate`; ``summary`` in the JSON). Without it,
 one run of the config's seed, as before.
 
+With ``--combine=a/clrs_report.json,b/clrs_report.json`` nothing is trained or loaded:
+the rows of earlier reports run with ``--seeds`` (e.g. one seed per workdir, machine
+or day) are joined into one report in ``--workdir`` with the mean +- std over their
+seeds (`combine_reports`); the reports must agree on ``--steps``, ``--set`` and
+``--smoke``, and no algorithm, mode and seed may come twice.
+
 With ``--answer_steps``, each deq-mode run's solves are also replayed
 (`launch.clrs_steps`) and every split gets the step at which the decoded answer
 settled (``answer_mean``, ``answer_max``) and at which every node converged
@@ -39,6 +45,8 @@ Usage::
         [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
         [--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn]
         [--answer_steps] [--seeds=0,1,2]
+    python -m launch.clrs_report --workdir /tmp/clrs_all \
+        --combine=/tmp/seed0/clrs_report.json,/tmp/seed1/clrs_report.json
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
@@ -103,6 +111,12 @@ def define_flags() -> None:
         [],
         "Train seeds, e.g. 0,1,2: one run per seed in <algorithm>/<mode>/seed<seed>, "
         "and the mean and std over them (default: one run of the config's seed).",
+    )
+    flags.DEFINE_list(
+        "combine",
+        [],
+        "clrs_report.json files of earlier --seeds reports: join their rows into one "
+        "report with the mean and std over seeds, training nothing (combine_reports).",
     )
     flags.DEFINE_multi_string(
         "set",
@@ -285,6 +299,94 @@ def summary_markdown(summary: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The settings every report joined by `combine_reports` must share.
+SHARED_SETTINGS = ("steps", "smoke", "overrides")
+
+
+def write_clrs_report(
+    root: str, rows: Sequence[dict], extra: dict[str, Any], emit: Callable[[str], None]
+) -> dict[str, Any]:
+    """Writes the rows as ``{root}/clrs_report.{json,md,png}`` (with the mean +- std over
+    seeds when the rows name theirs) and returns the report: ``rows``, ``summary``,
+    ``goals``, ``target``, ``figure`` and ``extra``."""
+    os.makedirs(root, exist_ok=True)
+    train_seeds = extra.get("seeds") or []
+    summary = summary_rows(rows) if train_seeds else []
+    report = dict(rows=list(rows), summary=summary, goals=GOALS, target=TARGET, **extra)
+    png = os.path.join(root, f"{REPORT}.png")
+    report["figure"] = write_figure(rows, png)
+    table = markdown(rows)
+    if summary:
+        table += f"\nMean ± std over train seeds {list(train_seeds)}:\n\n"
+        table += summary_markdown(summary)
+    emit(table)
+    write_report(os.path.join(root, f"{REPORT}.json"), report, table, also=[png], emit=emit)
+    return report
+
+
+def combine_reports(
+    root: str,
+    paths: Sequence[str],
+    algorithms: Sequence[str] = ALGORITHMS,
+    modes: Sequence[str] = MODES,
+    emit: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Joins the rows of earlier ``clrs_report.json`` files (each from a report run with
+    ``--seeds``) of the given algorithms and modes into one report in ``root``, with the
+    mean and standard deviation over seeds; trains and loads nothing. Rows are ordered
+    by algorithm, mode and seed; ``combined_from`` names the files.
+
+    Raises:
+      FileNotFoundError: for a missing file.
+      ValueError: for a report without seeds, reports that differ in `SHARED_SETTINGS`
+        (naming the setting and the files), a row (algorithm, mode, seed) given twice, or
+        no row left.
+    """
+    reports = {}
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--combine: no report at {path}.")
+        with open(path) as f:
+            reports[path] = json.load(f)
+        if not reports[path].get("seeds"):
+            raise ValueError(
+                f"--combine: {path} was not run with --seeds, so its rows name no train seed."
+            )
+    first = paths[0]
+    for key in SHARED_SETTINGS:
+        for path, report in reports.items():
+            if report.get(key) != reports[first].get(key):
+                raise ValueError(
+                    f"--combine: {path} has {key}={report.get(key)!r} but {first} has "
+                    f"{reports[first].get(key)!r}; only runs of the same settings combine."
+                )
+    rows, seen = [], {}
+    for path, report in reports.items():
+        for row in report["rows"]:
+            if row["algorithm"] not in algorithms or row["mode"] not in modes:
+                continue
+            key = (row["algorithm"], row["mode"], row["seed"])
+            if key in seen:
+                raise ValueError(
+                    f"--combine: {key[0]}/{key[1]} seed {key[2]} is in both {seen[key]} and {path}."
+                )
+            seen[key] = path
+            rows.append(row)
+    if not rows:
+        raise ValueError(
+            f"--combine: no row of {list(algorithms)} x {list(modes)} in {list(paths)}."
+        )
+    order = {name: i for i, name in enumerate(ALGORITHMS)}, {m: i for i, m in enumerate(MODES)}
+    rows.sort(key=lambda r: (order[0][r["algorithm"]], order[1][r["mode"]], r["seed"]))
+    extra = {key: reports[first].get(key) for key in SHARED_SETTINGS}
+    extra.update(
+        seeds=sorted({r["seed"] for r in rows}),
+        answer_steps=any(r.get("val_answer_mean") is not None for r in rows),
+        combined_from=list(paths),
+    )
+    return write_clrs_report(root, rows, extra, emit)
+
+
 def run_report(
     root: str,
     algorithms: Sequence[str],
@@ -329,28 +431,14 @@ def run_report(
                 rows.append(row)
                 brief = {k: v for k, v in row.items() if k != "splits"}
                 emit(f"[{name}] {json.dumps(brief)}")
-    os.makedirs(root, exist_ok=True)
-    summary = summary_rows(rows) if train_seeds else []
-    report = dict(
-        rows=rows,
+    extra = dict(
         seeds=list(train_seeds),
-        summary=summary,
-        goals=GOALS,
-        target=TARGET,
         steps=steps,
         smoke=smoke,
         overrides=list(overrides),
         answer_steps=answer_steps,
     )
-    png = os.path.join(root, f"{REPORT}.png")
-    report["figure"] = write_figure(rows, png)
-    table = markdown(rows)
-    if summary:
-        table += f"\nMean ± std over train seeds {list(train_seeds)}:\n\n"
-        table += summary_markdown(summary)
-    emit(table)
-    write_report(os.path.join(root, f"{REPORT}.json"), report, table, also=[png], emit=emit)
-    return report
+    return write_clrs_report(root, rows, extra, emit)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -364,6 +452,23 @@ def main(argv: Sequence[str]) -> None:
         unknown = [v for v in given if v not in valid]
         if unknown:
             raise app.UsageError(f"Unknown {name} {unknown}. Valid: {', '.join(valid)}.")
+    if flag.combine:
+        given = [
+            f"--{n}" for n in ("seeds", "steps", "set", "smoke", "answer_steps") if flag[n].present
+        ]
+        if given:
+            raise app.UsageError(
+                f"--combine trains nothing: {', '.join(given)} would not apply; the combined "
+                "reports keep the settings they were run with."
+            )
+        combine_reports(
+            launch_main._WORKDIR.value,
+            flag.combine,
+            flag.algorithms,
+            flag.modes,
+            emit=lambda line: print(line, flush=True),
+        )
+        return
     run_report(
         launch_main._WORKDIR.value,
         flag.algorithms,

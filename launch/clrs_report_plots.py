@@ -82,7 +82,8 @@ def write_figure(rows: Sequence[dict], path: str) -> str:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(n) for n in sizes])
         ax.set_xlabel("nodes per graph")
-    right.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if right.get_legend_handles_labels()[0]:  # a report of diverged runs only has none
+        right.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if any(references.values()):
         left.legend(fontsize=6, handles=[h for h in left.lines if "reference" in h.get_label()])
     trained = {r["splits"]["val"]["nodes"] for r in rows if "val" in r.get("splits", {})}

@@ -109,6 +109,75 @@ def test_answer_steps_in_the_table_and_figure(tmp_path):
     assert "answer settled" not in clrs_report.markdown([fixed])
 
 
+def _seed_report(root, algorithm_scores, seed, **settings):
+    """A clrs_report.json as `run_report` writes it with ``--seeds=seed``."""
+    rows = []
+    for algorithm, (val, test) in algorithm_scores.items():
+        splits = {
+            "val": dict(nodes=16, score=val, nstep_mean=10.0, nstep_max=12.0, count=32),
+            "test_64": dict(nodes=64, score=test, nstep_mean=14.0, nstep_max=20.0, count=32),
+        }
+        row = clrs_report.report_row(algorithm, "deq", splits, 100.0 + seed)
+        rows.append(dict(row, seed=seed, scored_step=1500, checkpoint="best"))
+    return clrs_report.write_clrs_report(
+        str(root),
+        rows,
+        dict(seeds=[seed], steps=settings.get("steps", 0), smoke=False, overrides=[]),
+        emit=lambda s: None,
+    )
+
+
+def test_combine_joins_seed_reports_without_training(tmp_path):
+    _seed_report(tmp_path / "a", {"dijkstra": (0.97, 0.87), "bfs": (1.0, 1.0)}, 0)
+    _seed_report(tmp_path / "b", {"dijkstra": (0.98, 0.89)}, 1)
+    paths = [str(tmp_path / d / "clrs_report.json") for d in ("b", "a")]
+    lines = []
+    report = clrs_report.combine_reports(
+        str(tmp_path / "all"), paths, modes=["deq"], emit=lines.append
+    )
+    assert [(r["algorithm"], r["seed"]) for r in report["rows"]] == [
+        ("bfs", 0),
+        ("dijkstra", 0),
+        ("dijkstra", 1),
+    ]  # the order of ALGORITHMS, then the seed
+    (dijkstra,) = [r for r in report["summary"] if r["algorithm"] == "dijkstra"]
+    assert dijkstra["test_score_mean"] == pytest.approx(0.88)
+    assert dijkstra["test_score_std"] == pytest.approx(0.01)
+    assert dijkstra["gap_mean"] == pytest.approx(88.0 - 78.8)
+    assert report["seeds"] == [0, 1] and report["combined_from"] == paths
+    with open(tmp_path / "all" / "clrs_report.json") as f:
+        assert json.load(f)["summary"] == report["summary"]
+    table = (tmp_path / "all" / "clrs_report.md").read_text()
+    assert "| dijkstra | deq | 2/2 | 97.5 ± 0.5 | 88.0 ± 1.0 | 78.8 |" in table
+    assert lines[-1].startswith("Wrote ")
+    only = clrs_report.combine_reports(str(tmp_path / "bfs"), paths, ["bfs"], emit=lines.append)
+    assert [r["algorithm"] for r in only["rows"]] == ["bfs"]
+
+
+def test_combine_refuses_what_does_not_combine(tmp_path):
+    _seed_report(tmp_path / "a", {"dijkstra": (0.97, 0.87)}, 0)
+    _seed_report(tmp_path / "again", {"dijkstra": (0.97, 0.86)}, 0)
+    _seed_report(tmp_path / "longer", {"dijkstra": (0.97, 0.86)}, 1, steps=6000)
+    path = {d: str(tmp_path / d / "clrs_report.json") for d in ("a", "again", "longer")}
+    out = str(tmp_path / "out")
+    with pytest.raises(ValueError, match="dijkstra/deq seed 0 is in both"):
+        clrs_report.combine_reports(out, [path["a"], path["again"]], emit=lambda s: None)
+    with pytest.raises(ValueError, match="steps=6000"):
+        clrs_report.combine_reports(out, [path["a"], path["longer"]], emit=lambda s: None)
+    with pytest.raises(ValueError, match="no row of"):
+        clrs_report.combine_reports(out, [path["a"]], ["bfs"], emit=lambda s: None)
+    with pytest.raises(FileNotFoundError, match="no report at"):
+        clrs_report.combine_reports(out, [str(tmp_path / "nope.json")], emit=lambda s: None)
+    unseeded = clrs_report.write_clrs_report(
+        str(tmp_path / "one"), [], dict(seeds=[], steps=0, smoke=False, overrides=[]), print
+    )
+    assert unseeded["summary"] == []
+    with pytest.raises(ValueError, match="not run with --seeds"):
+        clrs_report.combine_reports(
+            out, [str(tmp_path / "one" / "clrs_report.json")], emit=lambda s: None
+        )
+
+
 @pytest.mark.parametrize(
     "modes",
     [
