@@ -205,6 +205,10 @@ def test_smoke_report_end_to_end(modes, tmp_path):
             for split in row["splits"].values():
                 assert 1 <= split["answer_mean"] <= split["answer_max"]
                 assert 1 <= split["node_mean"] <= split["node_max"]
+    records = writers.read_metrics(os.path.join(root, "bellman_ford", modes[0]))
+    steps = clrs_report.run_config("bellman_ford", modes[0], smoke=True).train.steps
+    periodic = {r["split"] for r in records if r["split"] != "train" and r["step"] < steps}
+    assert periodic == {"val"}  # test is read once, by the final report
     # A second report loads the finished runs instead of training them again.
     again = clrs_report.run_report(
         root, ["bellman_ford"], [modes[0]], smoke=True, emit=lambda s: None
@@ -304,7 +308,11 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
     assert str(config.train.steps) in os.listdir(tmp_path / "checkpoints")
     for metrics in result.report["1x"].values():
         assert 0.0 <= metrics["score"] <= 1.0 and metrics["nstep_max"] >= 1
-    train = [r for r in writers.read_metrics(str(tmp_path)) if r["split"] == "train"]
+    records = writers.read_metrics(str(tmp_path))
+    # The periodic evaluation reads val only; test is read once, by the final report.
+    periodic = {r["split"] for r in records if r["split"] != "train" and r["step"] < result.step}
+    assert periodic == {"val"} and set(result.report["1x"]) == {"val", "test_9"}
+    train = [r for r in records if r["split"] == "train"]
     if mode == "fixed_steps":  # the hint loss enters the optimised loss
         last = train[-1]
         assert last["aux_loss"] > 0
