@@ -93,11 +93,17 @@ def aggregate(
 
 
 def format_mean_std(
-    summary: Mapping[str, Any], key: str, scale: float = 1.0, digits: int = 1
+    summary: Mapping[str, Any],
+    key: str,
+    scale: float = 1.0,
+    digits: int = 1,
+    signed: bool = False,
 ) -> str:
     """``"96.4 ± 0.5"``: ``{key}_mean`` ± ``{key}_std`` of an `aggregate` row, times
-    ``scale``; ``"-"`` without a mean."""
+    ``scale`` (``signed``: the mean with its sign, ``"+0.2 ± 0.0"``, as for a gap);
+    ``"-"`` without a mean."""
     mean, std = summary.get(f"{key}_mean"), summary.get(f"{key}_std")
     if mean is None:
         return "-"
-    return f"{scale * mean:.{digits}f} ± {scale * std:.{digits}f}"
+    sign = "+" if signed else ""
+    return f"{scale * mean:{sign}.{digits}f} ± {scale * std:.{digits}f}"

@@ -148,7 +148,7 @@ def test_combine_joins_seed_reports_without_training(tmp_path):
     with open(tmp_path / "all" / "clrs_report.json") as f:
         assert json.load(f)["summary"] == report["summary"]
     table = (tmp_path / "all" / "clrs_report.md").read_text()
-    assert "| dijkstra | deq | 2/2 | 97.5 ± 0.5 | 88.0 ± 1.0 | 78.8 |" in table
+    assert "| dijkstra | deq | 2/2 | 97.5 ± 0.5 | 88.0 ± 1.0 | 78.8 | +9.2 ± 1.0 |" in table
     assert lines[-1].startswith("Wrote ")
     only = clrs_report.combine_reports(str(tmp_path / "bfs"), paths, ["bfs"], emit=lines.append)
     assert [r["algorithm"] for r in only["rows"]] == ["bfs"]
