@@ -191,8 +191,7 @@ def write_clrs_report(
 ) -> dict[str, Any]:
     """Writes the rows as ``{root}/clrs_report.{json,md,png}`` (with the mean +- std over
     seeds when the rows name theirs) and returns the report: ``rows``, ``summary``,
-    ``goals``, ``target``, ``figure`` and ``extra``."""
-    os.makedirs(root, exist_ok=True)
+    ``goals``, ``target``, ``figure`` and ``extra`` (the writers make ``root``)."""
     train_seeds = extra.get("seeds") or []
     summary = summary_rows(rows) if train_seeds else []
     report = dict(rows=list(rows), summary=summary, goals=GOALS, target=TARGET, **extra)
@@ -259,8 +258,7 @@ def combine_reports(
         raise ValueError(
             f"--combine: no row of {list(algorithms)} x {list(modes)} in {list(paths)}."
         )
-    order = {name: i for i, name in enumerate(ALGORITHMS)}, {m: i for i, m in enumerate(MODES)}
-    rows.sort(key=lambda r: (order[0][r["algorithm"]], order[1][r["mode"]], r["seed"]))
+    rows.sort(key=lambda r: (ALGORITHMS.index(r["algorithm"]), MODES.index(r["mode"]), r["seed"]))
     extra = {key: reports[first].get(key) for key in SHARED_SETTINGS}
     extra.update(
         seeds=sorted({r["seed"] for r in rows}),
