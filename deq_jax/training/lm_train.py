@@ -45,7 +45,7 @@ from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.state import TrainState
 from deq_jax.training.train import config_json, earlier_report, interval_mean, run_is_finished
-from deq_jax.training.writers import MetricWriter, ProgressLogger, write_json
+from deq_jax.training.writers import MetricWriter, ProgressLogger, write_json, write_text
 
 REPORT_FILE = "lm_report.json"
 
@@ -98,8 +98,7 @@ def train_language_model(
     if run_is_finished(previous, workdir, REPORT_FILE, start, tc.steps, ckpt, emit):
         return LMRunResult(state=state, mems=mems, step=start, eval_metrics=previous["eval"])
     if lead:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config_json(config))
+        write_text(os.path.join(workdir, "config.json"), config_json(config))
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state.params))
     emit(
         f"{model.__class__.__name__} ({model.mode}): {n_params} parameters, vocabulary "

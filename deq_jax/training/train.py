@@ -54,7 +54,7 @@ from deq_jax.training.setup import setup
 from deq_jax.training.solver_fit import NeuralSolverSpec
 from deq_jax.training.state import TrainState
 from deq_jax.training.steps import make_spectral_step, make_train_step
-from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
+from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics, write_text
 
 
 class RunResult(NamedTuple):
@@ -119,8 +119,7 @@ def config_json(config: Any) -> str:
 
 
 def _write_config(config: Any, workdir: str) -> None:
-    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
-        f.write(config_json(config))
+    write_text(os.path.join(workdir, CONFIG_FILE), config_json(config))
 
 
 def earlier_report(workdir: str, report_file: str, start: int) -> dict | None:

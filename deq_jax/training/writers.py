@@ -7,9 +7,9 @@ per split so that curves of different splits overlay. A record whose step and sp
 the file already holds (written by an earlier invocation in the same workdir: a run
 resumed from an older checkpoint repeats the steps after it) is not written again, to
 either place. `ProgressLogger` turns train metrics into a human line with steps/s and
-ETA. Only the lead process (index 0) writes. `write_json` writes a report whole or not
-at all, so that a run killed while writing never leaves half a file for the next one to
-resume from.
+ETA. Only the lead process (index 0) writes. `write_text` and `write_json` write a file
+(a report, a config, a vocabulary) whole or not at all, so that a run killed while
+writing never leaves half a file for the next one to resume from.
 """
 
 from __future__ import annotations
@@ -28,24 +28,34 @@ METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
-def write_json(path: str, obj: Any, **dump_kwargs: Any) -> str:
-    """Writes ``obj`` as JSON to ``path`` atomically; returns ``path``.
+def write_text(path: str, content: str | bytes) -> str:
+    """Writes ``content`` (text as UTF-8, or bytes) to ``path`` atomically; returns ``path``.
 
-    The text goes to ``{path}.{pid}.tmp`` beside it first and then replaces ``path``
+    The content goes to ``{path}.{pid}.tmp`` beside it first and then replaces ``path``
     (`os.replace`, atomic on POSIX), so a reader, or a run resumed after a kill, sees
-    either the old file or the new one, never a truncated one. ``dump_kwargs`` go to
-    `json.dump` (``indent``, ``sort_keys``, ``default``). Nothing is left behind when
-    ``obj`` cannot be serialised; the error is raised and ``path`` is unchanged.
+    either the old file or the new one, never a truncated one. The temporary file is
+    removed if the write fails; ``path`` is then unchanged.
     """
+    data = content.encode("utf-8") if isinstance(content, str) else content
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, **dump_kwargs)
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def write_json(path: str, obj: Any, **dump_kwargs: Any) -> str:
+    """Writes ``obj`` as JSON to ``path`` atomically (`write_text`); returns ``path``.
+
+    ``dump_kwargs`` go to `json.dumps` (``indent``, ``sort_keys``, ``default``). An
+    ``obj`` that cannot be serialised raises before anything is written: ``path`` is
+    unchanged and nothing is left beside it.
+    """
+    return write_text(path, json.dumps(obj, **dump_kwargs))
 
 
 def to_python(metrics: Mapping[str, Any]) -> dict[str, float | int]:
