@@ -200,11 +200,9 @@ def test_nested_parts_see_their_own_counts_and_residuals():
     inner = S.restart(S.anderson(m=5), 3, **budget)
     part = S.fallback(primary=inner, backup=S.broyden(), when="stalled", **budget)
     nested = S.sequence((S.fixed_point_iteration(), 2), part, **budget).replace(max_iter=20)
-    iterates = lambda solver, z0: jax.device_get(
-        jax.jit(S.iterate_observed, static_argnums=(0, 1, 3, 4))(
-            solver, fn, z0, solver.max_iter, lambda z, fz: z
-        )
-    )
+    observe = lambda z, fz: z  # one observer object: jit compiles each solver once
+    jitted = jax.jit(S.iterate_observed, static_argnums=(0, 1, 3, 4))
+    iterates = lambda solver, z0: jax.device_get(jitted(solver, fn, z0, solver.max_iter, observe))
     z0 = jnp.zeros((B, D))
     in_sequence = iterates(nested, z0)
     z3 = in_sequence[:, 2]
@@ -212,10 +210,11 @@ def test_nested_parts_see_their_own_counts_and_residuals():
     np.testing.assert_array_equal(alone.stats.part, [0, 1, 0, 0])
     np.testing.assert_array_equal(alone.stats.switched_at, [0, 13, 0, 0])
     # in the sequence, the fallback's iterates are its own from the third iterate on
-    np.testing.assert_array_equal(in_sequence[:, 2:], iterates(part, z3))
+    of_part = iterates(part, z3)
+    np.testing.assert_array_equal(in_sequence[:, 2:], of_part)
     # and until it switches, the stalled sample's iterates are the restart's alone,
     # which restarts it (the 7th iterate is an earlier one again)
-    mine, by_itself = iterates(part, z3)[1, :13], iterates(inner, z3)[1, :13]
+    mine, by_itself = of_part[1, :13], iterates(inner, z3)[1, :13]
     np.testing.assert_array_equal(mine, by_itself)
     assert any(np.array_equal(mine[6], mine[j]) for j in range(6))
 
