@@ -18,8 +18,8 @@ Variants (alone or joined by commas, `configs.clrs_base.apply_variants`)::
     python -m launch.main --config configs/clrs_bellman_ford.py:fixed_steps --workdir /tmp/clrs_fs
 
 Results: BUILD_NOTES.md, "CLRS-30", the bellman_ford row of the official-splits table
-(90.7 +- 1.9 over three seeds at 64 nodes, goal 96.4); ``large``: the table under it (96.6
-on two seeds); the modes: the paragraph on the three modes.
+(90.7 +- 1.9 over three seeds at 64 nodes, goal 96.4); ``large``: the table under it (96.7
++- 0.2 over three seeds); the modes: the paragraph on the three modes.
 
 References:
   Veličković et al., "The CLRS Algorithmic Reasoning Benchmark", ICML 2022.
