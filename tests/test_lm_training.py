@@ -192,6 +192,12 @@ def _solver_config(corpus, workdir):
     return config
 
 
+def test_lm_solver_without_a_trained_model_says_what_to_do(corpus, tmp_path):
+    config = _solver_config(corpus, str(tmp_path / "empty"))
+    with pytest.raises(ValueError, match="train the language model there first"):
+        train_lm_hypersolver(config, str(tmp_path / "solver"), emit=lambda _: None)
+
+
 @pytest.mark.slow
 def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
     workdir, _, _ = trained

@@ -222,7 +222,10 @@ def test_spec_anderson_tail_hands_over_after_the_trained_k():
 def test_hypersolver_without_checkpoint_says_what_to_do(tmp_path):
     config = prefix_sum_hypersolver.get_config("smoke")
     config.neural_solver.deq_workdir = str(tmp_path / "empty")
-    with pytest.raises(ValueError, match="train the DEQ first"):
+    with pytest.raises(ValueError, match="No checkpoint in .*empty: train the DEQ there first"):
+        train_hypersolver(config, str(tmp_path / "solver"), emit=lambda line: None)
+    config.neural_solver.deq_workdir = ""
+    with pytest.raises(ValueError, match="Set --config.neural_solver.deq_workdir"):
         train_hypersolver(config, str(tmp_path / "solver"), emit=lambda line: None)
 
 

@@ -74,8 +74,27 @@ class HyperSolverRun(NamedTuple):
     report: dict[str, Any]
 
 
-def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, FrozenDEQ]:
-    """The trained DEQ of ``config.neural_solver.deq_workdir`` and its `FrozenDEQ`.
+def restore_frozen(
+    config: Any,
+    setup_fn: Callable[[Any, str], Any],
+    *,
+    what: str,
+    train_hint: str,
+    extras: Callable[[Any], tuple[str, ...]],
+    emit: Callable[[str], None] = print,
+) -> tuple[Any, FrozenDEQ]:
+    """The trained model of ``config.neural_solver.deq_workdir`` and its `FrozenDEQ`.
+
+    The one restore behind `restore_deq` and the language model's `restore_lm`.
+
+    Args:
+      config: the run config (the model's own sections plus ``neural_solver``).
+      setup_fn: ``(config, workdir) -> run`` that builds the model and restores its
+        latest checkpoint (`deq_jax.training.setup` or `setup_language_model`).
+      what: the model's name in messages ("DEQ", "language model").
+      train_hint: how to train one, for the error messages.
+      extras: ``run -> batch keys`` that reach the cell as model keywords.
+      emit: where the progress line goes.
 
     Raises:
       ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
@@ -83,26 +102,38 @@ def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, 
     spec = NeuralSolverSpec.from_run_config(config)
     if not spec.deq_workdir:
         raise ValueError(
-            "Set --config.neural_solver.deq_workdir to the workdir of a trained DEQ (train "
-            "one with python -m launch.main --config configs/<task>.py --workdir DIR)."
+            f"Set --config.neural_solver.deq_workdir to the workdir of a trained {what} "
+            f"({train_hint})."
         )
-    deq = setup(config, spec.deq_workdir)
-    deq.checkpointer.close()
-    if deq.start_step == 0:
+    run = setup_fn(config, spec.deq_workdir)
+    run.checkpointer.close()
+    if run.start_step == 0:
         raise ValueError(
-            f"No checkpoint in {spec.deq_workdir}: train the DEQ first with python -m "
-            "launch.main and the same config (without the neural_solver section), then "
-            "point neural_solver.deq_workdir at its workdir."
+            f"No checkpoint in {spec.deq_workdir}: train the {what} there first ({train_hint}), "
+            "then point neural_solver.deq_workdir at its workdir."
         )
-    emit(f"restored the DEQ at step {deq.start_step} from {spec.deq_workdir}")
-    variables = jax.device_get(deq.state.variables())
-    frozen = FrozenDEQ(
-        deq.model,
-        variables,
-        target_solver=spec.target_solver(),
-        extras=deq.task.batch_extras,
+    emit(f"restored the {what} at step {run.start_step} from {spec.deq_workdir}")
+    variables = jax.device_get(run.state.variables())
+    frozen = FrozenDEQ(run.model, variables, target_solver=spec.target_solver(), extras=extras(run))
+    return run, frozen
+
+
+def restore_deq(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, FrozenDEQ]:
+    """The trained DEQ of ``config.neural_solver.deq_workdir`` and its `FrozenDEQ`
+    (`restore_frozen` with `deq_jax.training.setup`).
+
+    Raises:
+      ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
+    """
+    return restore_frozen(
+        config,
+        setup,
+        what="DEQ",
+        train_hint="python -m launch.main --config configs/<task>.py --workdir DIR, "
+        "without the neural_solver section",
+        extras=lambda run: run.task.batch_extras,
+        emit=emit,
     )
-    return deq, frozen
 
 
 def count_params(tree: Any) -> int:

@@ -42,6 +42,7 @@ from deq_jax.training.hypersolver import (
     fit_report,
     fit_variants,
     read_solver_report,
+    restore_frozen,
     restore_solvers,
 )
 from deq_jax.training.lm_evaluate import StreamEvaluator
@@ -55,27 +56,20 @@ MEMS = "mems"
 
 
 def restore_lm(config: Any, emit: Callable[[str], None] = print) -> tuple[Any, FrozenDEQ]:
-    """The trained LM of ``config.neural_solver.deq_workdir`` and its `FrozenDEQ`.
+    """The trained LM of ``config.neural_solver.deq_workdir`` and its `FrozenDEQ`
+    (`restore_frozen` with `setup_language_model`; the memory is a cell argument).
 
     Raises:
       ValueError: if ``deq_workdir`` is empty or holds no checkpoint.
     """
-    spec = NeuralSolverSpec.from_run_config(config)
-    if not spec.deq_workdir:
-        raise ValueError(
-            "Set --config.neural_solver.deq_workdir to the workdir of a trained language "
-            "model (python -m launch.main --config configs/lm_shakespeare.py --workdir DIR)."
-        )
-    run = setup_language_model(config, spec.deq_workdir)
-    run.checkpointer.close()
-    if run.start_step == 0:
-        raise ValueError(
-            f"No checkpoint in {spec.deq_workdir}: train the language model there first."
-        )
-    emit(f"restored the language model at step {run.start_step} from {spec.deq_workdir}")
-    variables = jax.device_get(run.state.variables())
-    frozen = FrozenDEQ(run.model, variables, target_solver=spec.target_solver(), extras=(MEMS,))
-    return run, frozen
+    return restore_frozen(
+        config,
+        setup_language_model,
+        what="language model",
+        train_hint="python -m launch.main --config configs/lm_shakespeare.py --workdir DIR",
+        extras=lambda run: (MEMS,),
+        emit=emit,
+    )
 
 
 def segments_with_memory(
