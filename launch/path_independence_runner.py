@@ -1,7 +1,7 @@
 """Runs the path-independence study (`launch.path_independence_study`) and sums it up.
 
 `run_study(root, scale)` trains every run of the grid until it fits or hits its cap
-(`train_until_fit`), analyses it (`launch.path_independence_report.analyse_run`: accuracy
+(`train_until_fit`), analyses it (`launch.path_independence_analysis.analyse_run`: accuracy
 on the training size and on harder inputs at 1x-8x the training depth, AA, attacked AA)
 and appends one row per run to ``{root}/study.jsonl``; a run already there is not
 trained or analysed again, so an interrupted study resumes. Then it writes the summary
@@ -33,8 +33,8 @@ import jax
 
 from deq_jax.training import NonFiniteLossError, setup, train_and_evaluate
 from deq_jax.training.writers import read_metrics, write_json, write_text
+from launch import path_independence_analysis as analysis
 from launch import path_independence_plots as plots
-from launch import path_independence_report as report
 from launch import path_independence_study as study
 from launch.runs import check_run_config, quiet
 
@@ -138,7 +138,7 @@ def analyse_spec(spec: study.RunSpec, config: Any, scale: study.StudyScale, work
     run = setup(config, workdir)
     run.checkpointer.close()
     key = jax.random.key(0)
-    result = report.analyse_run(
+    result = analysis.analyse_run(
         run, config, target, metric, key, scale.aa_batch, scale.attack_batch, scale.multipliers
     )
     table = result["table"]
@@ -190,7 +190,7 @@ def _spearman(rows: list[dict[str, Any]]) -> float:
     """Spearman of AA with accuracy over ``rows`` (NaN for fewer than two)."""
     if len(rows) < 2:
         return float("nan")
-    return report.spearman([r["aa"] for r in rows], [r["accuracy"] for r in rows])
+    return analysis.spearman([r["aa"] for r in rows], [r["accuracy"] for r in rows])
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from launch import path_independence_report as report
+from launch import path_independence_analysis as analysis
 
 GRADIENTS = ("unrolled", "implicit")
 SOLVERS = ("fixed_point_iteration", "anderson")
@@ -347,5 +347,5 @@ def spec_config(spec: RunSpec, scale: StudyScale, data_dir: str = "") -> Any:
     }
     if data_dir:
         overrides["task.data_dir"] = data_dir
-    config = report.task_config(spec.task, overrides, smoke=scale.name == "smoke")
+    config = analysis.task_config(spec.task, overrides, smoke=scale.name == "smoke")
     return config

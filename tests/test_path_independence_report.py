@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from launch import path_independence_analysis as analysis
 from launch import path_independence_plots as plots
 from launch import path_independence_report as report
 
@@ -16,18 +17,18 @@ def test_spearman_matches_scipy_with_ties():
     x = rng.normal(size=12)
     y = np.round(x + rng.normal(scale=0.5, size=12), 1)
     y[3] = y[4]  # a tie
-    assert report.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
-    assert report.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert np.isnan(report.spearman([1, 2, 3], [5, 5, 5]))
+    assert analysis.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, abs=1e-12)
+    assert analysis.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert np.isnan(analysis.spearman([1, 2, 3], [5, 5, 5]))
 
 
 def test_task_config_applies_overrides():
-    config = report.task_config("prefix_sum", dict(report.PATH_DEPENDENT), smoke=True)
+    config = analysis.task_config("prefix_sum", dict(report.PATH_DEPENDENT), smoke=True)
     assert config.deq.z_init == "zeros" and config.deq.backward.name == "unrolled"
     assert config.deq.solver.name == "fixed_point_iteration"
     assert tuple(config.task.test_lengths) == (32, 64, 128)
     assert config.deq.train_max_iter == 8 and config.model.norm == ""
-    assert report._budgets(config) == [4, 8, 16, 32, 64]
+    assert analysis._budgets(config) == [4, 8, 16, 32, 64]
 
 
 def _fake_report():
