@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -230,6 +230,52 @@ def fit_report(
     }
 
 
+def fit_and_report(
+    spec: NeuralSolverSpec,
+    frozen: FrozenDEQ,
+    batches: Iterator[Any],
+    workdir: str,
+    *,
+    deq_params: int,
+    deq_seconds: float | None,
+    evaluate: Callable[[SolverFit], dict],
+    what: str = "DEQ",
+    emit: Callable[[str], None] = print,
+) -> tuple[dict[str, SolverFit], dict[str, Any]]:
+    """Stages 2-4 of a solver fit, for any frozen model: the fixed points of
+    ``spec.target_batches`` of ``batches`` (`collect_targets`), the variants
+    (`fit_variants`), ``evaluate`` of the main fit, and ``{workdir}/neural_solver.json``
+    (`fit_report`); emits the size and time line, with ``what`` naming the model.
+
+    Returns:
+      ``(fits, report)``.
+    """
+    began = time.perf_counter()
+    pool = collect_targets(frozen, batches, spec.target_batches, spec.max_target_residual, emit)
+    target_seconds = time.perf_counter() - began
+    fits = fit_variants(spec, frozen, pool, workdir, emit)
+    main = fits["hyper_anderson"]
+    report = fit_report(
+        spec,
+        pool,
+        fits,
+        deq_params=deq_params,
+        target_seconds=target_seconds,
+        deq_seconds=deq_seconds,
+        evaluation=evaluate(main),
+    )
+    write_json(os.path.join(workdir, REPORT_FILE), report, indent=2, sort_keys=True)
+    fit_seconds = target_seconds + main.seconds
+    share = (
+        f" ({100 * report['time_fraction']:.1f}% of the {what}'s training)" if deq_seconds else ""
+    )
+    emit(
+        f"solver: {report['solver_params']} parameters ({100 * report['param_fraction']:.2f}% "
+        f"of the {what}'s {deq_params}); fit {fit_seconds:.1f} s{share}"
+    )
+    return fits, report
+
+
 def train_hypersolver(
     config: Any, workdir: str, *, emit: Callable[[str], None] = print
 ) -> HyperSolverRun:
@@ -251,28 +297,15 @@ def train_hypersolver(
     spec = NeuralSolverSpec.from_run_config(config)
     os.makedirs(workdir, exist_ok=True)
     deq, frozen = restore_deq(config, emit)
-    batches = deq.task.train_iterator(spec.batch_size, seed=spec.seed + 1)
-    began = time.perf_counter()
-    pool = collect_targets(frozen, batches, spec.target_batches, spec.max_target_residual, emit)
-    target_seconds = time.perf_counter() - began
-    fits = fit_variants(spec, frozen, pool, workdir, emit)
-    main = fits["hyper_anderson"]
-    report = fit_report(
+    fits, report = fit_and_report(
         spec,
-        pool,
-        fits,
+        frozen,
+        deq.task.train_iterator(spec.batch_size, seed=spec.seed + 1),
+        workdir,
         deq_params=count_params(deq.state.params),
-        target_seconds=target_seconds,
         deq_seconds=read_train_seconds(spec.deq_workdir),
-        evaluation=_evaluate(config, deq, frozen, main),
-    )
-    solver_params, deq_params = report["solver_params"], report["deq_params"]
-    deq_seconds, fit_seconds = report["deq_train_seconds"], target_seconds + main.seconds
-    write_json(os.path.join(workdir, REPORT_FILE), report, indent=2, sort_keys=True)
-    emit(
-        f"solver: {solver_params} parameters ({100 * report['param_fraction']:.2f}% of the "
-        f"DEQ's {deq_params}); fit {fit_seconds:.1f} s"
-        + (f" ({100 * report['time_fraction']:.1f}% of the DEQ's training)" if deq_seconds else "")
+        evaluate=lambda main: _evaluate(config, deq, frozen, main),
+        emit=emit,
     )
     for name, by_split in report["eval"].items():
         for split, metrics in by_split.items():

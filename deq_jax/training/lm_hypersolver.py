@@ -26,7 +26,6 @@ References:
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,8 +38,7 @@ from deq_jax.training.hypersolver import (
     REPORT_FILE,
     HyperSolverRun,
     count_params,
-    fit_report,
-    fit_variants,
+    fit_and_report,
     read_solver_report,
     restore_frozen,
     restore_solvers,
@@ -48,8 +46,7 @@ from deq_jax.training.hypersolver import (
 from deq_jax.training.lm_evaluate import StreamEvaluator
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_train import REPORT_FILE as LM_REPORT_FILE
-from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets
-from deq_jax.training.writers import write_json
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit
 
 # The batch key under which the segment memory reaches the model (a model keyword).
 MEMS = "mems"
@@ -144,31 +141,18 @@ def train_lm_hypersolver(
     spec = NeuralSolverSpec.from_run_config(config)
     os.makedirs(workdir, exist_ok=True)
     run, frozen = restore_lm(config, emit)
-    seq_len = config.train.seq_len
-    began = time.perf_counter()
-    segments = segments_with_memory(run, frozen.variables, spec.batch_size, seq_len)
-    pool = collect_targets(frozen, segments, spec.target_batches, spec.max_target_residual, emit)
-    target_seconds = time.perf_counter() - began
-    fits = fit_variants(spec, frozen, pool, workdir, emit)
-    main = fits["hyper_anderson"]
-    report = fit_report(
+    fits, report = fit_and_report(
         spec,
-        pool,
-        fits,
+        frozen,
+        segments_with_memory(run, frozen.variables, spec.batch_size, config.train.seq_len),
+        workdir,
         deq_params=count_params(run.state.params),
-        target_seconds=target_seconds,
         deq_seconds=read_train_seconds(spec.deq_workdir, LM_REPORT_FILE),
-        evaluation=evaluate_solvers(config, run, frozen, main, spec),
+        evaluate=lambda main: evaluate_solvers(config, run, frozen, main, spec),
+        what="LM",
+        emit=emit,
     )
-    solver_params, lm_params = report["solver_params"], report["deq_params"]
-    lm_seconds, fit_seconds = report["deq_train_seconds"], target_seconds + main.seconds
     path = os.path.join(workdir, REPORT_FILE)
-    write_json(path, report, indent=2, sort_keys=True)
-    emit(
-        f"solver: {solver_params} parameters ({100 * report['param_fraction']:.2f}% of the "
-        f"LM's {lm_params}); fit {fit_seconds:.1f} s"
-        + (f" ({100 * report['time_fraction']:.1f}% of the LM's training)" if lm_seconds else "")
-    )
     headline = run.task.headline
     for name, m in report["eval"].items():
         emit(
