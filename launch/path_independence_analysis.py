@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deq_jax import analysis
+from deq_jax.training.evaluate import Evaluator
 
 # Each run's analysis, kept in its workdir so a rerun of the report reuses it.
 ANALYSIS_FILE = "path_independence_analysis.json"
@@ -105,12 +106,10 @@ def analyse_run(
 ) -> dict:
     """Test-time curve (at ``multipliers`` times the train budget), AA per split (at the
     largest), Table 1 row and per-instance AA of one run."""
-    from deq_jax.training import evaluate
-
     model, variables = run.model, run.state.variables()
     regression = getattr(run.task, "num_classes", None) is None
     budgets = _budgets(config, multipliers)
-    evaluator = evaluate.Evaluator(
+    evaluator = Evaluator(
         model, run.task, run.mesh, config.eval.batch_size, max_batches=config.eval.max_batches
     )
     curve = []
