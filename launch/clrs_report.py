@@ -16,6 +16,11 @@ the model's eval budget and writes to ``{workdir}``:
 * ``clrs_report.md``: the same as a table;
 * ``clrs_report.png``: the score and the steps against the graph size.
 
+The report in ``{workdir}`` keeps the rows of earlier invocations for the algorithms,
+modes and seeds this one does not run (`earlier_rows`), when they were run with the same
+``--steps``, ``--set`` and ``--smoke`` and, like this one, with or without ``--seeds``;
+so running one algorithm at a time into a workdir builds up one report.
+
 With ``--seeds=0,1,2`` every algorithm and mode is trained once per train seed
 (``train.seed``), each in its own ``{workdir}/<algorithm>/<mode>/seed<seed>``; the
 table has a row per seed, then a row per algorithm and mode with the mean +- standard
@@ -258,7 +263,7 @@ def combine_reports(
         raise ValueError(
             f"--combine: no row of {list(algorithms)} x {list(modes)} in {list(paths)}."
         )
-    rows.sort(key=lambda r: (ALGORITHMS.index(r["algorithm"]), MODES.index(r["mode"]), r["seed"]))
+    sort_rows(rows)
     extra = {key: reports[first].get(key) for key in SHARED_SETTINGS}
     extra.update(
         seeds=sorted({r["seed"] for r in rows}),
@@ -266,6 +271,41 @@ def combine_reports(
         combined_from=list(paths),
     )
     return write_clrs_report(root, rows, extra, emit)
+
+
+def earlier_rows(
+    root: str, extra: dict[str, Any], rows: Sequence[dict], emit: Callable[[str], None]
+) -> list[dict]:
+    """The rows of the report already in ``root`` that this invocation keeps: those of
+    algorithms, modes and seeds it did not run, when that report was run with the same
+    `SHARED_SETTINGS` and, like this one, with or without ``--seeds``. So a workdir's
+    report grows over invocations of one algorithm at a time, and ``--combine`` of it
+    drops nothing; a report of other settings is replaced, and says so."""
+    path = os.path.join(root, f"{REPORT}.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        earlier = json.load(f)
+    differs = [key for key in SHARED_SETTINGS if earlier.get(key) != extra.get(key)]
+    if bool(earlier.get("seeds")) != bool(extra.get("seeds")):
+        differs.append("seeds")
+    if differs:
+        emit(f"Replacing the report in {path}: it was run with other {', '.join(differs)}.")
+        return []
+    ran = {(r["algorithm"], r["mode"], r.get("seed")) for r in rows}
+    kept = [r for r in earlier["rows"] if (r["algorithm"], r["mode"], r.get("seed")) not in ran]
+    if kept:
+        names = sorted({f"{r['algorithm']}/{r['mode']}" for r in kept})
+        emit(f"Keeping {len(kept)} rows of the earlier report in {path}: {', '.join(names)}.")
+    return kept
+
+
+def sort_rows(rows: list[dict]) -> None:
+    """Orders report rows by algorithm and mode (their orders in `ALGORITHMS` and
+    `MODES`), then by train seed."""
+    rows.sort(
+        key=lambda r: (ALGORITHMS.index(r["algorithm"]), MODES.index(r["mode"]), r.get("seed", -1))
+    )
 
 
 def run_report(
@@ -319,6 +359,14 @@ def run_report(
         overrides=list(overrides),
         answer_steps=answer_steps,
     )
+    kept = earlier_rows(root, extra, rows, emit)
+    if kept:
+        rows += kept
+        sort_rows(rows)
+        extra.update(
+            seeds=sorted({r["seed"] for r in rows if "seed" in r}),
+            answer_steps=answer_steps or any(r.get("val_answer_mean") is not None for r in kept),
+        )
     return write_clrs_report(root, rows, extra, emit)
 
 

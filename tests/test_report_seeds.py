@@ -119,3 +119,43 @@ def test_run_report_trains_each_seed_in_its_own_workdir(tmp_path, monkeypatch):
     report = clrs_report.run_report(root, ["bellman_ford"], ["deq"], smoke=True, emit=print)
     assert trained == [(0, os.path.join(root, "bellman_ford", "deq"))]
     assert report["summary"] == [] and "seed" not in report["rows"][0]
+
+
+def test_run_report_keeps_the_rows_of_earlier_invocations(tmp_path, monkeypatch):
+    scores = {("bellman_ford", 0): (0.9, 0.5), ("bfs", 0): (1.0, 0.9), ("bfs", 1): (0.8, 0.7)}
+
+    def best_run(config, workdir, emit):
+        run = _Run()
+        run.key = (config.task.algorithm, config.train.seed)
+        return run, 10, "best"
+
+    monkeypatch.setattr(clrs_report, "best_run", best_run)
+    monkeypatch.setattr(clrs_report, "evaluate_run", lambda run, config: _splits(*scores[run.key]))
+    root, lines = str(tmp_path), []
+    for algorithm, seed in (("bfs", 0), ("bellman_ford", 0), ("bfs", 1)):
+        report = clrs_report.run_report(
+            root, [algorithm], ["deq"], smoke=True, train_seeds=[seed], emit=lines.append
+        )
+    assert "Keeping 2 rows of the earlier report" in "\n".join(lines)
+    # One report over all three runs, in the order of ALGORITHMS, then the seed.
+    with open(os.path.join(root, "clrs_report.json")) as f:
+        saved = json.load(f)
+    assert [(r["algorithm"], r["seed"]) for r in saved["rows"]] == [
+        ("bellman_ford", 0),
+        ("bfs", 0),
+        ("bfs", 1),
+    ]
+    assert saved["seeds"] == [0, 1] and report["seeds"] == [0, 1]
+    (bfs,) = [r for r in saved["summary"] if r["algorithm"] == "bfs"]
+    assert bfs["test_score_mean"] == pytest.approx(0.8) and bfs["test_score_n"] == 2
+    # Rerunning a row replaces it; other settings replace the whole report.
+    scores[("bfs", 1)] = (0.8, 0.3)
+    report = clrs_report.run_report(
+        root, ["bfs"], ["deq"], smoke=True, train_seeds=[1], emit=lines.append
+    )
+    assert [r["test_score"] for r in report["rows"]] == pytest.approx([0.5, 0.9, 0.3])
+    report = clrs_report.run_report(
+        root, ["bfs"], ["deq"], steps=7, train_seeds=[1], emit=lines.append
+    )
+    assert [(r["algorithm"], r["seed"]) for r in report["rows"]] == [("bfs", 1)]
+    assert any("it was run with other steps, smoke." in line for line in lines)
