@@ -296,7 +296,8 @@ def earlier_rows(
     kept = [r for r in earlier["rows"] if (r["algorithm"], r["mode"], r.get("seed")) not in ran]
     if kept:
         names = sorted({f"{r['algorithm']}/{r['mode']}" for r in kept})
-        emit(f"Keeping {len(kept)} rows of the earlier report in {path}: {', '.join(names)}.")
+        rows_kept = f"{len(kept)} row" + ("s" if len(kept) > 1 else "")
+        emit(f"Keeping {rows_kept} of the earlier report in {path}: {', '.join(names)}.")
     return kept
 
 
