@@ -17,9 +17,10 @@ the model's eval budget and writes to ``{workdir}``:
 * ``clrs_report.png``: the score and the steps against the graph size.
 
 The report in ``{workdir}`` keeps the rows of earlier invocations for the algorithms,
-modes and seeds this one does not run (`earlier_rows`), when they were run with the same
-``--steps``, ``--set`` and ``--smoke`` and, like this one, with or without ``--seeds``;
-so running one algorithm at a time into a workdir builds up one report.
+modes and seeds this one does not run while their run directories are there
+(`earlier_rows`), when they were run with the same ``--steps``, ``--set`` and
+``--smoke`` and, like this one, with or without ``--seeds``; so running one algorithm at
+a time into a workdir builds up one report.
 
 With ``--seeds=0,1,2`` every algorithm and mode is trained once per train seed
 (``train.seed``), each in its own ``{workdir}/<algorithm>/<mode>/seed<seed>``; the
@@ -277,8 +278,9 @@ def earlier_rows(
     root: str, extra: dict[str, Any], rows: Sequence[dict], emit: Callable[[str], None]
 ) -> list[dict]:
     """The rows of the report already in ``root`` that this invocation keeps: those of
-    algorithms, modes and seeds it did not run, when that report was run with the same
-    `SHARED_SETTINGS` and, like this one, with or without ``--seeds``. So a workdir's
+    algorithms, modes and seeds it did not run and whose run directory is still there,
+    when that report was run with the same `SHARED_SETTINGS` and, like this one, with or
+    without ``--seeds``. So a workdir's
     report grows over invocations of one algorithm at a time, and ``--combine`` of it
     drops nothing; a report of other settings is replaced, and says so."""
     path = os.path.join(root, f"{REPORT}.json")
@@ -293,12 +295,24 @@ def earlier_rows(
         emit(f"Replacing the report in {path}: it was run with other {', '.join(differs)}.")
         return []
     ran = {(r["algorithm"], r["mode"], r.get("seed")) for r in rows}
-    kept = [r for r in earlier["rows"] if (r["algorithm"], r["mode"], r.get("seed")) not in ran]
+    kept = [
+        r
+        for r in earlier["rows"]
+        if (r["algorithm"], r["mode"], r.get("seed")) not in ran
+        and os.path.isdir(run_workdir(root, r["algorithm"], r["mode"], r.get("seed")))
+    ]
     if kept:
         names = sorted({f"{r['algorithm']}/{r['mode']}" for r in kept})
         rows_kept = f"{len(kept)} row" + ("s" if len(kept) > 1 else "")
         emit(f"Keeping {rows_kept} of the earlier report in {path}: {', '.join(names)}.")
     return kept
+
+
+def run_workdir(root: str, algorithm: str, mode: str, seed: int | None) -> str:
+    """Where a run of the report in ``root`` trains: ``{root}/<algorithm>/<mode>``, then
+    ``/seed<seed>`` when it has a train seed."""
+    workdir = os.path.join(root, algorithm, mode)
+    return workdir if seed is None else seeds.seed_workdir(workdir, seed)
 
 
 def sort_rows(rows: list[dict]) -> None:
@@ -329,10 +343,8 @@ def run_report(
     for algorithm in algorithms:
         for mode in modes:
             for seed in train_seeds or [None]:
-                workdir = os.path.join(root, algorithm, mode)
+                workdir = run_workdir(root, algorithm, mode, seed)
                 tag = {} if seed is None else {"seed": seed}  # the row's seed, if any
-                if seed is not None:
-                    workdir = seeds.seed_workdir(workdir, seed)
                 config = run_config(algorithm, mode, steps, smoke, overrides, seed)
                 name = algorithm + "/" + mode + ("" if seed is None else f"/seed{seed}")
                 emit(f"[{name}] training or loading in {workdir}")

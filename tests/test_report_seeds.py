@@ -5,6 +5,7 @@ against numbers computed by hand."""
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -125,6 +126,7 @@ def test_run_report_keeps_the_rows_of_earlier_invocations(tmp_path, monkeypatch)
     scores = {("bellman_ford", 0): (0.9, 0.5), ("bfs", 0): (1.0, 0.9), ("bfs", 1): (0.8, 0.7)}
 
     def best_run(config, workdir, emit):
+        os.makedirs(workdir, exist_ok=True)
         run = _Run()
         run.key = (config.task.algorithm, config.train.seed)
         return run, 10, "best"
@@ -154,6 +156,12 @@ def test_run_report_keeps_the_rows_of_earlier_invocations(tmp_path, monkeypatch)
         root, ["bfs"], ["deq"], smoke=True, train_seeds=[1], emit=lines.append
     )
     assert [r["test_score"] for r in report["rows"]] == pytest.approx([0.5, 0.9, 0.3])
+    # A row whose run directory was removed (a run to redo) is not kept.
+    shutil.rmtree(os.path.join(root, "bellman_ford", "deq", "seed0"))
+    report = clrs_report.run_report(
+        root, ["bfs"], ["deq"], smoke=True, train_seeds=[1], emit=lines.append
+    )
+    assert [(r["algorithm"], r["seed"]) for r in report["rows"]] == [("bfs", 0), ("bfs", 1)]
     report = clrs_report.run_report(
         root, ["bfs"], ["deq"], steps=7, train_seeds=[1], emit=lines.append
     )

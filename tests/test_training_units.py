@@ -7,6 +7,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from ml_collections import ConfigDict
 
@@ -62,6 +63,46 @@ def test_gradient_clipping():
     params = {"w": jnp.zeros(2)}
     updates, _ = tx.update({"w": jnp.array([30.0, 40.0])}, tx.init(params), params)
     np.testing.assert_allclose(jnp.linalg.norm(updates["w"]), 0.5, rtol=1e-6)
+
+
+def test_global_norm_does_not_overflow():
+    # Entries of 3e20 and 4e20 square past float32's largest value: optax's norm is
+    # infinite although every entry is finite; the norm is 5e20.
+    grads = {"a": jnp.array([3e20, -4e20], jnp.float32), "b": jnp.ones((2, 2), jnp.float32)}
+    assert not np.isfinite(float(optax.tree.norm(grads)))
+    np.testing.assert_allclose(float(optim.global_norm(grads)), 5e20, rtol=1e-6)
+    # Where the plain norm is finite it is returned bit for bit; NaN and inf stay.
+    normal = {"w": jax.random.normal(jax.random.PRNGKey(0), (100, 7)) * 3.0}
+    assert optim.global_norm(normal) == optax.tree.norm(normal)
+    assert np.isinf(float(optim.global_norm({"a": jnp.array([1.0, jnp.inf])})))
+    assert np.isnan(float(optim.global_norm({"a": jnp.array([jnp.nan, 1.0])})))
+    assert float(optim.global_norm({})) == 0.0
+
+
+def test_clipping_scales_an_overflowing_gradient_instead_of_zeroing_it():
+    tx, _ = optim.make_optimizer(
+        _train(
+            optimizer="sgd",
+            momentum=0.0,
+            schedule="constant",
+            warmup_steps=0,
+            learning_rate=1.0,
+            grad_clip_norm=1.0,
+        )
+    )
+    params = {"a": jnp.zeros(2), "b": jnp.zeros((2, 2))}
+    grads = {"a": jnp.array([3e20, -4e20], jnp.float32), "b": jnp.ones((2, 2), jnp.float32)}
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates["a"], [-0.6, 0.8], rtol=1e-6)  # sgd: minus the step
+    np.testing.assert_allclose(updates["b"], -2e-21 * np.ones((2, 2)), rtol=1e-5)
+    zeroed, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    assert not np.any(np.asarray(zeroed["a"]))  # what optax's clipping does with it
+    # Below the overflow it is optax's clipping, bit for bit, with optax's state.
+    normal = {"a": jnp.array([30.0, 40.0]), "b": jnp.full((2, 2), 7.0)}
+    ours, state = optim.clip_by_global_norm(0.5).update(normal, optax.EmptyState())
+    theirs, _ = optax.clip_by_global_norm(0.5).update(normal, optax.EmptyState())
+    assert all(np.array_equal(ours[k], theirs[k]) for k in normal)
+    assert isinstance(state, optax.EmptyState)
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@ from deq_jax.nn.deq import with_terms
 from deq_jax.training import sharding
 from deq_jax.training.metrics import masked_mean, solver_metrics, term_values
 from deq_jax.training.nonfinite import SKIPPED, apply_if_finite, finite_memory
+from deq_jax.training.optim import global_norm
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
 from deq_jax.training.steps import INTERMEDIATES, JACOBIAN_STREAM, RNG_STREAMS, net_terms
@@ -191,7 +192,7 @@ def make_lm_train_step(
         if jacobian is not None:
             metrics["jacobian_weight"] = jacobian.weight_at(state.step)
             metrics["jacobian_applied"] = applied
-        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["grad_norm"] = global_norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         metrics["tokens"] = jnp.sum(mask.astype(jnp.float32))

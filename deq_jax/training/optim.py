@@ -5,6 +5,12 @@ Fields read: ``optimizer`` (``"adam"`` | ``"adamw"`` | ``"sgd"``), ``learning_ra
 ``steps``, ``weight_decay`` (adamw), ``b1``, ``b2`` (adam, adamw), ``momentum``
 (sgd) and ``grad_clip_norm`` (0 turns clipping off).
 
+The clipping (`clip_by_global_norm`) and the ``grad_norm`` metric use `global_norm`,
+which does not overflow: ``optax.tree.norm`` squares in float32, so gradients with
+entries above about 1e19 (an unrolled processor whose states explode at its
+initialisation) give an infinite norm although every entry is finite; optax's clipping
+then scales every update by ``max_norm / inf = 0`` and the run never moves, silently.
+
 References:
   Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019.
   Loshchilov & Hutter, "SGDR: Stochastic Gradient Descent with Warm Restarts", ICLR 2017.
@@ -14,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -47,6 +55,38 @@ def make_schedule(train: Any) -> optax.Schedule:
     return optax.join_schedules([ramp, after], [warmup])
 
 
+def global_norm(tree: Any) -> jax.Array:
+    """The L2 norm over every entry of ``tree``, as ``optax.tree.norm``, but finite
+    whenever every entry is: where the plain sum of squares overflows, the norm is
+    computed from the entries divided by the largest magnitude. Where the plain norm is
+    finite it is returned unchanged, bit for bit; a NaN or infinite entry still gives a
+    non-finite norm."""
+    plain = optax.tree.norm(tree)
+    leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree_util.tree_leaves(tree)]
+    if not leaves:
+        return plain
+    largest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
+    scale = jnp.where(jnp.isfinite(largest) & (largest > 0), largest, 1.0)
+    scaled = scale * jnp.sqrt(sum(jnp.sum(jnp.square(x / scale)) for x in leaves))
+    return jnp.where(jnp.isfinite(plain), plain, scaled.astype(plain.dtype))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``optax.clip_by_global_norm`` with `global_norm`: updates whose norm exceeds
+    ``max_norm`` are scaled to it, also when their squared norm overflows float32 (where
+    optax's version zeroes them). Its state is optax's (``optax.EmptyState``), so
+    checkpoints of either restore into the other."""
+
+    def update(updates: Any, state: optax.EmptyState, params: Any = None) -> tuple:
+        del params
+        norm = global_norm(updates)
+        within = norm < max_norm
+        clip = lambda t: jax.lax.select(within, t, (t / norm.astype(t.dtype)) * max_norm)
+        return jax.tree_util.tree_map(clip, updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update)
+
+
 def make_optimizer(train: Any) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """Builds ``(tx, schedule)``: optional global-norm clipping, then the optimiser.
 
@@ -65,5 +105,5 @@ def make_optimizer(train: Any) -> tuple[optax.GradientTransformation, optax.Sche
     else:
         opt = optax.sgd(schedule, momentum=train.momentum or None)
     if train.grad_clip_norm > 0:
-        opt = optax.chain(optax.clip_by_global_norm(train.grad_clip_norm), opt)
+        opt = optax.chain(clip_by_global_norm(train.grad_clip_norm), opt)
     return opt, schedule

@@ -48,6 +48,7 @@ from deq_jax.training.metrics import (
     term_values,
 )
 from deq_jax.training.nonfinite import SKIPPED, apply_if_finite
+from deq_jax.training.optim import global_norm
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.state import TrainState
@@ -237,7 +238,7 @@ def make_train_step(
             metrics["jacobian_applied"] = applied
         if pi.budgets:
             metrics["train_budget"] = jnp.asarray(pi.budgets, jnp.float32)[budget_index]
-        metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["grad_norm"] = global_norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)
         metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         state, metrics[SKIPPED] = apply_if_finite(state, loss, grads, aux["model_state"])
