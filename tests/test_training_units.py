@@ -49,17 +49,16 @@ def test_optimizers_reduce_a_quadratic(name):
     assert float(jnp.sum(params["w"] ** 2)) < 1.0
 
 
+def _clipped_sgd(grad_clip_norm):
+    """Plain SGD at learning rate 1 after clipping: its update is minus the clipped
+    gradient."""
+    train = _train(optimizer="sgd", momentum=0.0, schedule="constant", warmup_steps=0)
+    train.update(learning_rate=1.0, grad_clip_norm=grad_clip_norm)
+    return optim.make_optimizer(train)[0]
+
+
 def test_gradient_clipping():
-    tx, _ = optim.make_optimizer(
-        _train(
-            optimizer="sgd",
-            momentum=0.0,
-            schedule="constant",
-            warmup_steps=0,
-            learning_rate=1.0,
-            grad_clip_norm=0.5,
-        )
-    )
+    tx = _clipped_sgd(0.5)
     params = {"w": jnp.zeros(2)}
     updates, _ = tx.update({"w": jnp.array([30.0, 40.0])}, tx.init(params), params)
     np.testing.assert_allclose(jnp.linalg.norm(updates["w"]), 0.5, rtol=1e-6)
@@ -80,16 +79,7 @@ def test_global_norm_does_not_overflow():
 
 
 def test_clipping_scales_an_overflowing_gradient_instead_of_zeroing_it():
-    tx, _ = optim.make_optimizer(
-        _train(
-            optimizer="sgd",
-            momentum=0.0,
-            schedule="constant",
-            warmup_steps=0,
-            learning_rate=1.0,
-            grad_clip_norm=1.0,
-        )
-    )
+    tx = _clipped_sgd(1.0)
     params = {"a": jnp.zeros(2), "b": jnp.zeros((2, 2))}
     grads = {"a": jnp.array([3e20, -4e20], jnp.float32), "b": jnp.ones((2, 2), jnp.float32)}
     updates, _ = tx.update(grads, tx.init(params), params)
