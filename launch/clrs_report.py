@@ -280,9 +280,9 @@ def earlier_rows(
     """The rows of the report already in ``root`` that this invocation keeps: those of
     algorithms, modes and seeds it did not run and whose run directory is still there,
     when that report was run with the same `SHARED_SETTINGS` and, like this one, with or
-    without ``--seeds``. So a workdir's
-    report grows over invocations of one algorithm at a time, and ``--combine`` of it
-    drops nothing; a report of other settings is replaced, and says so."""
+    without ``--seeds``. So a workdir's report grows over invocations of one algorithm at
+    a time, and ``--combine`` of it drops nothing; a report of other settings is
+    replaced, and says so."""
     path = os.path.join(root, f"{REPORT}.json")
     if not os.path.exists(path):
         return []
