@@ -13,7 +13,7 @@ from configs import clrs_base
 from deq_jax import tasks
 from deq_jax.models import clrs
 from deq_jax.training import setup, train_and_evaluate, writers
-from launch import clrs_diagnose, clrs_report, clrs_report_plots, clrs_steps
+from launch import clrs_diagnose, clrs_report, clrs_report_plots, clrs_steps, clrs_tables
 from launch import main as launch_main
 
 
@@ -60,7 +60,7 @@ def test_rows_table_and_figure(tmp_path):
     assert row["gap"] == pytest.approx(50.0 - 96.4)
     assert row["val_nstep_max"] == 14.0 and row["test_nstep_mean"] == 20.0
     diverged = dict(algorithm="dfs", mode="deq", goal=5.0, diverged="nan")
-    table = clrs_report.markdown([row, diverged])
+    table = clrs_tables.markdown([row, diverged])
     assert (
         "| bellman_ford | deq | 90.0 | 50.0 | 96.4 | -46.4 | 10.0 / 14 | 20.0 / 30 | 12 |" in table
     )
@@ -70,13 +70,13 @@ def test_rows_table_and_figure(tmp_path):
         "mst_kruskal", "deq", {"test_64": dict(splits["test_64"], all_edges_score=0.8213)}, 1.0
     )
     assert "mst_kruskal: predicting every edge scores 82.1 on the test_64 graphs." in (
-        clrs_report.markdown([kruskal])
+        clrs_tables.markdown([kruskal])
     )
     prim_splits = {"test_64": dict(splits["test_64"], lightest_neighbour_score=0.6865)}
     prim = clrs_report.report_row("mst_prim", "deq", prim_splits, 1.0)
     assert (
         "mst_prim: pointing every node at its lightest neighbour scores 68.7 on the test_64 "
-        "graphs." in clrs_report.markdown([prim, row])
+        "graphs." in clrs_tables.markdown([prim, row])
     )
     path = clrs_report_plots.write_figure([row, diverged], str(tmp_path / "f.png"))
     assert os.path.getsize(path) > 1000
@@ -98,7 +98,7 @@ def test_answer_steps_in_the_table_and_figure(tmp_path):
     assert (row["val_answer_mean"], row["test_answer_mean"]) == (6.5, 21.25)
     fixed = clrs_report.report_row("dijkstra", "fixed_steps", {}, 3.0)  # no replay there
     diverged = dict(algorithm="dfs", mode="deq", goal=5.0, diverged="nan")
-    table = clrs_report.markdown([row, fixed, diverged])
+    table = clrs_tables.markdown([row, fixed, diverged])
     assert "| answer settled mean (16 / 64) | train s |" in table
     assert "| 10.0 / 14 | 9.0 / 30 | 6.5 / 21.2 | 12 |" in table
     assert "| - / - | - / - | - / - | 3 |" in table
@@ -106,7 +106,7 @@ def test_answer_steps_in_the_table_and_figure(tmp_path):
     assert widths == {11}  # every row, the diverged one too, has the header's columns
     path = clrs_report_plots.write_figure([row, fixed, diverged], str(tmp_path / "a.png"))
     assert os.path.getsize(path) > 1000
-    assert "answer settled" not in clrs_report.markdown([fixed])
+    assert "answer settled" not in clrs_tables.markdown([fixed])
 
 
 def _seed_report(root, algorithm_scores, seed, **settings):

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from launch import clrs_report, seeds
+from launch import clrs_report, clrs_tables, seeds
 
 
 def test_parse_seeds():
@@ -57,7 +57,7 @@ def test_summary_rows_and_table_by_hand():
         row = clrs_report.report_row("bellman_ford", "deq", _splits(val, test), seconds)
         rows.append(dict(row, seed=seed))
     rows.append(dict(algorithm="bellman_ford", mode="deq", goal=96.4, diverged="nan", seed=2))
-    (summary,) = clrs_report.summary_rows(rows)
+    (summary,) = clrs_tables.summary_rows(rows)
     assert summary["seeds"] == [0, 1, 2] and summary["test_score_n"] == 2
     assert summary["val_score_mean"] == pytest.approx(0.85)
     assert summary["val_score_std"] == pytest.approx(0.05)
@@ -66,12 +66,12 @@ def test_summary_rows_and_table_by_hand():
     # gaps 50 - 96.4 = -46.4 and 70 - 96.4 = -26.4: mean -36.4, std 10.
     assert summary["gap_mean"] == pytest.approx(-36.4) and summary["gap_std"] == pytest.approx(10)
     assert summary["train_seconds_mean"] == 20.0 and summary["train_seconds_std"] == 10.0
-    table = clrs_report.summary_markdown([summary])
+    table = clrs_tables.summary_markdown([summary])
     assert (
         "| bellman_ford | deq | 2/3 | 85.0 ± 5.0 | 60.0 ± 10.0 | 96.4 | -36.4 ± 10.0 | "
         "10.0 ± 0.0 | 20.0 ± 0.0 | 20 ± 10 |" in table
     )
-    per_seed = clrs_report.markdown(rows)
+    per_seed = clrs_tables.markdown(rows)
     assert "| bellman_ford | deq (seed 1) | 80.0 | 70.0 |" in per_seed
     assert "| bellman_ford | deq (seed 2) | diverged |" in per_seed
 
