@@ -76,6 +76,7 @@ from launch import main as launch_main
 from launch.clrs_report_files import (
     combine_reports,
     earlier_rows,
+    merged_settings,
     run_workdir,
     sort_rows,
     write_clrs_report,
@@ -244,10 +245,8 @@ def run_report(
     if kept:
         rows += kept
         sort_rows(rows)
-        extra.update(
-            seeds=sorted({r["seed"] for r in rows if "seed" in r}),
-            answer_steps=answer_steps or any(r.get("val_answer_mean") is not None for r in kept),
-        )
+        merged = merged_settings(rows)
+        extra.update(merged, answer_steps=answer_steps or merged["answer_steps"])
     return write_clrs_report(root, rows, extra, emit)
 
 

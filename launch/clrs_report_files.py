@@ -97,12 +97,18 @@ def combine_reports(
         )
     sort_rows(rows)
     extra = {key: reports[first].get(key) for key in SHARED_SETTINGS}
-    extra.update(
-        seeds=sorted({r["seed"] for r in rows}),
-        answer_steps=any(r.get("val_answer_mean") is not None for r in rows),
-        combined_from=list(paths),
-    )
+    extra.update(merged_settings(rows), combined_from=list(paths))
     return write_clrs_report(root, rows, extra, emit)
+
+
+def merged_settings(rows: list[dict]) -> dict:
+    """The report settings that joined rows determine: ``seeds``, the train seeds they
+    name (none for unseeded runs), and ``answer_steps``, whether any holds replayed
+    answer steps. Used by ``--combine`` and where a run keeps `earlier_rows`."""
+    return dict(
+        seeds=sorted({r["seed"] for r in rows if "seed" in r}),
+        answer_steps=any(r.get("val_answer_mean") is not None for r in rows),
+    )
 
 
 def earlier_rows(

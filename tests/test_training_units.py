@@ -76,6 +76,9 @@ def test_global_norm_does_not_overflow():
     assert np.isinf(float(optim.global_norm({"a": jnp.array([1.0, jnp.inf])})))
     assert np.isnan(float(optim.global_norm({"a": jnp.array([jnp.nan, 1.0])})))
     assert float(optim.global_norm({})) == 0.0
+    # Jitted and vmapped (the rescaled branch is a cond, a select under vmap): per row.
+    rows = {"a": jnp.array([[3e20, -4e20], [3.0, -4.0]], jnp.float32)}
+    np.testing.assert_allclose(jax.jit(jax.vmap(optim.global_norm))(rows), [5e20, 5.0], rtol=1e-6)
 
 
 def test_clipping_scales_an_overflowing_gradient_instead_of_zeroing_it():

@@ -65,10 +65,15 @@ def global_norm(tree: Any) -> jax.Array:
     leaves = [jnp.asarray(x, jnp.float32) for x in jax.tree_util.tree_leaves(tree)]
     if not leaves:
         return plain
-    largest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
-    scale = jnp.where(jnp.isfinite(largest) & (largest > 0), largest, 1.0)
-    scaled = scale * jnp.sqrt(sum(jnp.sum(jnp.square(x / scale)) for x in leaves))
-    return jnp.where(jnp.isfinite(plain), plain, scaled.astype(plain.dtype))
+
+    def rescaled() -> jax.Array:
+        largest = jnp.max(jnp.stack([jnp.max(jnp.abs(x), initial=0.0) for x in leaves]))
+        scale = jnp.where(jnp.isfinite(largest) & (largest > 0), largest, 1.0)
+        scaled = scale * jnp.sqrt(sum(jnp.sum(jnp.square(x / scale)) for x in leaves))
+        return scaled.astype(plain.dtype)
+
+    # The rescaled pass runs only where the plain norm is not finite (a select under vmap).
+    return jax.lax.cond(jnp.isfinite(plain), lambda: plain, rescaled)
 
 
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
