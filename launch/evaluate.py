@@ -16,6 +16,14 @@ every eval split of the task is used; without ``--max_iters`` the budgets are
 is printed as it is done, then the table, also written as JSON to ``--output``
 (default ``{workdir}/evaluation.json``). A workdir without a checkpoint is refused at
 once (nothing generated or created).
+
+A language model's run (``configs/lm_*.py``) is streamed over whole splits with its
+segment memory (`deq_jax.training.lm_evaluate.evaluate_lm_checkpoint`); its budgets
+default to ``deq.eval_max_iter``, and its JSON also holds each split's per-segment
+loss, steps and convergence::
+
+    python -m launch.evaluate --config configs/lm_shakespeare.py --workdir /tmp/lm \\
+        --splits=valid,test --max_iters=30,60,120
 """
 
 from __future__ import annotations
@@ -54,7 +62,10 @@ def main(argv: Sequence[str]) -> None:
             flush=True,
         )
         sys.exit(2)
-    report = evaluate_checkpoint(
+    evaluate = evaluate_checkpoint
+    if launch_main.is_language_model(config):  # whole splits streamed with the memory
+        from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint as evaluate
+    report = evaluate(
         config,
         workdir,
         splits=_SPLITS.value,

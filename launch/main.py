@@ -134,7 +134,7 @@ def main(argv: Sequence[str]) -> None:
 
 def _train(config: ConfigDict, emit: Callable[[str], None]) -> None:
     """Runs the training ``config`` describes (DEQ, language model or neural solver)."""
-    language = "seq_len" in config.train  # a language model: segments with memory
+    language = is_language_model(config)
     if config.get("neural_solver", {}).get("deq_workdir", "") and language:
         from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 
@@ -151,6 +151,11 @@ def _train(config: ConfigDict, emit: Callable[[str], None]) -> None:
         from deq_jax.training import train_and_evaluate
 
         train_and_evaluate(config, _WORKDIR.value, emit=emit)
+
+
+def is_language_model(config: ConfigDict) -> bool:
+    """Whether ``config`` trains a language model (segments with memory)."""
+    return "seq_len" in config.train
 
 
 def reject_arguments(argv: Sequence[str]) -> None:

@@ -13,6 +13,7 @@ from conftest import run_module, run_on_devices
 
 from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
 from deq_jax.training import writers
+from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint
 from deq_jax.training.lm_generate import generate
 from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
@@ -80,6 +81,34 @@ def test_eval_scores_every_token_of_the_split(corpus, trained, tmp_path):
     task = tasks.get("char_text", path=corpus, data_dir=str(tmp_path / "data"))
     for split in ("valid", "test"):
         assert result.eval_metrics[split]["tokens"] == task.num_tokens(split) - 1
+
+
+def test_checkpoint_evaluation_at_other_budgets_with_segments(corpus, trained, tmp_path):
+    workdir, result, _ = trained
+    lines = []
+    report = evaluate_lm_checkpoint(
+        smoke_config(corpus), workdir, splits=("valid",), max_iters=(1, 4), emit=lines.append
+    )
+    assert lines[0].startswith("Checkpoint step") and "max_iter=1" in lines[-1]
+    assert set(report) == {"max_iter=1", "max_iter=4"}
+    at_eval_budget = report["max_iter=4"]["valid"]  # the smoke config's eval budget
+    # the checkpoint training scored last, scored again: the same numbers
+    np.testing.assert_allclose(at_eval_budget["bpc"], result.eval_metrics["valid"]["bpc"], 1e-5)
+    assert report["max_iter=1"]["valid"]["nstep_max"] == 1
+    segments = at_eval_budget["segments"]
+    tokens = sum(s["tokens"] for s in segments)
+    assert len(segments) > 1 and tokens == at_eval_budget["tokens"]
+    nll = sum(s["nll"] * s["tokens"] for s in segments) / tokens
+    np.testing.assert_allclose(nll, at_eval_budget["nll"], rtol=1e-5)
+    assert 0 < at_eval_budget["worst_5pct_share"] < 1
+
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        evaluate_lm_checkpoint(smoke_config(corpus), str(tmp_path / "empty"))
+    copy = str(tmp_path / "copy")
+    shutil.copytree(workdir, copy)
+    os.remove(os.path.join(copy, "vocab.json"))
+    with pytest.raises(FileNotFoundError, match="language-model run"):
+        evaluate_lm_checkpoint(smoke_config(corpus), copy)
 
 
 def test_resume_is_exact(corpus, trained, tmp_path):
@@ -182,6 +211,26 @@ def test_sample_launch_and_bad_prompt(corpus, trained):
     assert "ROMEO:" in proc.stdout and "solver steps per token" in proc.stdout
     bad = run_module("launch.sample", *common, "--prompt=ROMEO: \u00a7", "--length=5")
     assert bad.returncode != 0 and "\u00a7" in bad.stderr
+
+
+@pytest.mark.slow
+def test_evaluate_launch_streams_a_language_model(corpus, trained, tmp_path):
+    workdir, _, _ = trained
+    output = str(tmp_path / "evaluation.json")
+    proc = run_module(
+        "launch.evaluate",
+        "--config=configs/lm_shakespeare.py:smoke",
+        f"--workdir={workdir}",
+        f"--config.task.path={corpus}",
+        "--splits=test",
+        "--max_iters=2",
+        f"--output={output}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "max_iter=2 test: bpc" in proc.stdout
+    with open(output) as f:
+        test = json.load(f)["max_iter=2"]["test"]
+    assert test["nstep_max"] <= 2 and test["segments"] and np.isfinite(test["bpc"])
 
 
 def _solver_config(corpus, workdir):

@@ -1,5 +1,6 @@
 """Evaluating a language model on whole splits, the segment memory carried across
-segments (`StreamEvaluator`).
+segments (`StreamEvaluator`), and a trained run's checkpoint at any solver budgets
+(`evaluate_lm_checkpoint`, behind ``python -m launch.evaluate`` for a language model).
 
 References:
   Dai et al., "Transformer-XL: Attentive Language Models Beyond a Fixed-Length
@@ -8,8 +9,9 @@ References:
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -17,7 +19,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from deq_jax.training import sharding
+from deq_jax.training.checkpoint import saved_steps
+from deq_jax.training.evaluate import format_report
+from deq_jax.training.lm_setup import VOCAB_FILE, setup_language_model
 from deq_jax.training.lm_steps import LM_KEYS, make_lm_eval_step, place_memory
+from deq_jax.training.selection import describe_selected, restore_selected
 from deq_jax.training.state import TrainState
 
 
@@ -54,9 +60,24 @@ class StreamEvaluator:
         return self._steps[key]
 
     def evaluate(
-        self, state: TrainState, split: str, *, max_iter: int | None = None, mode: str | None = None
-    ) -> dict[str, float]:
+        self,
+        state: TrainState,
+        split: str,
+        *,
+        max_iter: int | None = None,
+        mode: str | None = None,
+        segments: bool = False,
+    ) -> dict[str, Any]:
         """Streams ``split`` (the first ``max_batches`` segments; 0: all of it).
+
+        Args:
+          state: the train state to score.
+          split: the split's name.
+          max_iter: the solver budget (``None``: the model's eval budget).
+          mode: the model's mode for this call (``None``: its own).
+          segments: also return ``segments``, one entry per batch of segments in stream
+            order (`segment_record`), to see where the loss and the unconverged
+            solves are.
 
         Returns:
           The task's summary (``bpc`` or ``ppl``, ``nll``, ``tokens``) plus the solver's
@@ -68,6 +89,7 @@ class StreamEvaluator:
         step = self._step(max_iter, mode)
         mems = place_memory(self._template, self.mesh, self.batch_size)
         totals: dict[str, float] = {}
+        records: list[dict[str, float]] = []
         seconds, timed_tokens = 0.0, 0.0
         batches = self.task.eval_iterator(
             split,
@@ -82,6 +104,8 @@ class StreamEvaluator:
             began = time.perf_counter()
             mems, sums = step(state, mems, lm_device_batch(batch, self.mesh))
             sums = jax.device_get(sums)
+            if segments:
+                records.append(segment_record(sums))
             if i:  # the first segment compiles
                 seconds += time.perf_counter() - began
                 timed_tokens += float(sums["count"])
@@ -102,4 +126,99 @@ class StreamEvaluator:
             seconds=seconds,
             tokens_per_second=timed_tokens / seconds if seconds else float("nan"),
         )
+        if segments:
+            metrics["segments"] = records
         return metrics
+
+
+def segment_record(sums: dict[str, Any]) -> dict[str, float]:
+    """One batch of segments from an eval step's sums: ``tokens``, ``nll`` (nats per
+    token), ``nstep_mean`` and ``converged`` (over its rows)."""
+    count, rows = float(sums["count"]), max(float(sums["rows"]), 1.0)
+    return dict(
+        tokens=count,
+        nll=float(sums["nll_sum"]) / count if count else float("nan"),
+        nstep_mean=float(sums["nstep_sum"]) / rows,
+        converged=float(sums["converged_sum"]) / rows,
+    )
+
+
+def worst_segments_share(records: Sequence[dict[str, float]], fraction: float = 0.05) -> float:
+    """The share of a split's total loss carried by its worst ``fraction`` of segment
+    batches (at least one): ``fraction`` itself when the loss is spread evenly."""
+    losses = sorted((r["nll"] * r["tokens"] for r in records if r["tokens"]), reverse=True)
+    if not losses:
+        return float("nan")
+    worst = max(1, round(fraction * len(losses)))
+    return sum(losses[:worst]) / sum(losses)
+
+
+def evaluate_lm_checkpoint(
+    config: Any,
+    workdir: str,
+    splits: Sequence[str] = (),
+    max_iters: Sequence[int] = (),
+    emit: Callable[[str], None] = print,
+    checkpoint: str = "",
+) -> dict[str, dict[str, dict]]:
+    """Scores a language model's checkpoint on whole splits at any solver budgets.
+
+    Args:
+      config: the configuration the run was trained with (``eval.batch_size`` and
+        ``eval.seq_len`` apply; every split is streamed in full, memory carried).
+      workdir: the run's directory.
+      splits: the splits; empty means every eval split of the task.
+      max_iters: solver budgets; empty means the config's eval budget
+        (``deq.eval_max_iter``). The explicit stacks ignore them.
+      emit: receives a line per split and budget, then the table; its first line names
+        the checkpoint's step.
+      checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
+
+    Returns:
+      ``{"max_iter=K": {split: metrics}}``, each split's metrics with ``segments``
+      (`StreamEvaluator.evaluate`) and ``worst_5pct_share`` (`worst_segments_share`).
+
+    Raises:
+      FileNotFoundError: if the workdir holds no checkpoint or no ``vocab.json`` (said
+        before anything is built).
+      VocabularyMismatchError: if the data's vocabulary is not the run's.
+      ValueError: for an unknown ``checkpoint``.
+    """
+    if not saved_steps(workdir):
+        raise FileNotFoundError(
+            f"No checkpoint in {os.path.join(workdir, 'checkpoints')} to evaluate: train one "
+            f"first (python -m launch.main --config ... --workdir {workdir})."
+        )
+    if not os.path.exists(os.path.join(workdir, VOCAB_FILE)):
+        raise FileNotFoundError(
+            f"No {VOCAB_FILE} in {workdir}: is it a language-model run? Pass the config "
+            "the run was trained with."
+        )
+    run = setup_language_model(config, workdir)
+    run.checkpointer.close()
+    state, step, which = restore_selected(workdir, run.state, run.start_step, checkpoint)
+    ec = config.eval
+    evaluator = StreamEvaluator(
+        run.model, run.task, run.mesh, ec.batch_size, ec.seq_len or config.train.seq_len
+    )
+    splits = tuple(splits) or tuple(run.task.eval_splits)
+    budgets = [int(k) for k in max_iters] or [config.deq.eval_max_iter or config.deq.train_max_iter]
+    named = describe_selected(workdir, which, run.start_step)
+    emit(f"Checkpoint step {step} of {workdir} ({named}): streaming {', '.join(splits)}.")
+    headline = run.task.headline
+    report: dict[str, dict[str, dict]] = {}
+    for max_iter in budgets:
+        name = f"max_iter={max_iter}"
+        report[name] = {}
+        for split in splits:
+            metrics = evaluator.evaluate(state, split, max_iter=max_iter, segments=True)
+            metrics["worst_5pct_share"] = worst_segments_share(metrics["segments"])
+            report[name][split] = metrics
+            emit(
+                f"  {name} {split}: {headline} {metrics[headline]:.4f}  nstep_mean "
+                f"{metrics['nstep_mean']:.1f}  converged {metrics['converged']:.3f}  worst 5% "
+                f"of segments carry {100 * metrics['worst_5pct_share']:.1f}% of the loss"
+            )
+    keys = [headline, "nstep_mean", "converged", "worst_5pct_share"]
+    emit(f"Checkpoint step {step} of {workdir} ({which}):\n" + format_report(report, keys))
+    return report
