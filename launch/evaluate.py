@@ -24,6 +24,10 @@ loss, steps and convergence::
 
     python -m launch.evaluate --config configs/lm_shakespeare.py --workdir /tmp/lm \\
         --splits=valid,test --max_iters=30,60,120
+
+``--exclude=REGEX`` (character level) also scores each split outside and inside the
+pattern's matches, e.g. ``--exclude=' {10,}'`` for the long runs of spaces that indent
+half-lines in some plays.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ _SPLITS = flags.DEFINE_list("splits", [], "Splits to evaluate (default: every ev
 _MAX_ITERS = flags.DEFINE_list("max_iters", [], "Solver budgets (default: the multipliers).")
 _CHECKPOINT = flags.DEFINE_enum(
     "checkpoint", "", ["", "best", "last"], "best, last, or empty: the best if there is one."
+)
+_EXCLUDE = flags.DEFINE_string(
+    "exclude",
+    "",
+    "Language models, character level: a regular expression; also score the characters "
+    "outside its matches and inside them (e.g. ' {10,}').",
 )
 _OUTPUT = flags.DEFINE_string("output", "", "JSON output path (default {workdir}/evaluation.json).")
 
@@ -62,9 +72,14 @@ def main(argv: Sequence[str]) -> None:
             flush=True,
         )
         sys.exit(2)
-    evaluate = evaluate_checkpoint
+    evaluate, extra = evaluate_checkpoint, {}
     if launch_main.is_language_model(config):  # whole splits streamed with the memory
         from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint as evaluate
+
+        extra = dict(exclude=_EXCLUDE.value)
+    elif _EXCLUDE.value:
+        print("FATAL --exclude applies to a language model's config.", file=sys.stderr)
+        sys.exit(2)
     report = evaluate(
         config,
         workdir,
@@ -72,6 +87,7 @@ def main(argv: Sequence[str]) -> None:
         max_iters=[int(k) for k in _MAX_ITERS.value],
         emit=functools.partial(print, flush=True),
         checkpoint=_CHECKPOINT.value,
+        **extra,
     )
     path = _OUTPUT.value or os.path.join(workdir, "evaluation.json")
     write_json(path, report, indent=2, sort_keys=True)

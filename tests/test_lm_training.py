@@ -86,8 +86,9 @@ def test_eval_scores_every_token_of_the_split(corpus, trained, tmp_path):
 def test_checkpoint_evaluation_at_other_budgets_with_segments(corpus, trained, tmp_path):
     workdir, result, _ = trained
     lines = []
+    config = smoke_config(corpus)
     report = evaluate_lm_checkpoint(
-        smoke_config(corpus), workdir, splits=("valid",), max_iters=(1, 4), emit=lines.append
+        config, workdir, splits=("valid",), max_iters=(1, 4), emit=lines.append, exclude="ROMEO"
     )
     assert lines[0].startswith("Checkpoint step") and "max_iter=1" in lines[-1]
     assert set(report) == {"max_iter=1", "max_iter=4"}
@@ -101,6 +102,15 @@ def test_checkpoint_evaluation_at_other_budgets_with_segments(corpus, trained, t
     nll = sum(s["nll"] * s["tokens"] for s in segments) / tokens
     np.testing.assert_allclose(nll, at_eval_budget["nll"], rtol=1e-5)
     assert 0 < at_eval_budget["worst_5pct_share"] < 1
+    # --exclude: the second pass scores exactly the targets outside the matches
+    from deq_jax import tasks
+    from deq_jax.tasks.text_vocab import pattern_mask
+
+    task = tasks.get("char_text", path=corpus, data_dir=str(tmp_path / "data"))
+    inside = pattern_mask(task.vocab, task.tokens("valid"), "ROMEO")[1:]  # the targets
+    assert inside.any() and "outside /ROMEO/" in lines[1]
+    np.testing.assert_allclose(at_eval_budget["matched_fraction"], inside.mean(), rtol=1e-6)
+    assert np.isfinite([at_eval_budget["kept_bpc"], at_eval_budget["matched_bpc"]]).all()
 
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         evaluate_lm_checkpoint(smoke_config(corpus), str(tmp_path / "empty"))

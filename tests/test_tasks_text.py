@@ -14,6 +14,7 @@ from deq_jax.tasks.text_vocab import (
     UNK,
     Vocabulary,
     char_vocabulary,
+    pattern_mask,
     word_vocabulary,
 )
 
@@ -84,6 +85,19 @@ def test_word_vocabulary_order_eos_and_unk():
     without_unk = word_vocabulary("the cat\n")
     with pytest.raises(ValueError, match=r"'dog' \(line 2, word 1\)"):
         without_unk.encode("the\ndog cat")
+
+
+def test_pattern_mask_marks_the_characters_inside_matches():
+    vocab = char_vocabulary("ab c   d\n")
+    ids = vocab.encode("a   b c    d")
+    mask = pattern_mask(vocab, ids, " {3,}")
+    assert "".join("x" if m else "." for m in mask) == ".xxx...xxxx."
+    assert not pattern_mask(vocab, ids, "z").any()
+    with pytest.raises(ValueError, match="not a regular expression"):
+        pattern_mask(vocab, ids, "(")
+    words = word_vocabulary(WIKI["train"])
+    with pytest.raises(ValueError, match="character-level"):
+        pattern_mask(words, words.encode("the cat"), "cat")
 
 
 def test_vocabulary_rejects_bad_token_lists():

@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 
 import numpy as np
@@ -211,3 +212,23 @@ def word_vocabulary(train: str) -> Vocabulary:
         counts[EOS] += 1
     tokens = sorted(counts, key=lambda word: (-counts[word], word))
     return Vocabulary(WORD, tuple(tokens))
+
+
+def pattern_mask(vocab: Vocabulary, ids: np.ndarray, pattern: str) -> np.ndarray:
+    """``bool [N]``: which tokens of a character-level stream fall inside a match of the
+    regular expression ``pattern`` (e.g. ``" {10,}"``, runs of ten or more spaces).
+
+    Raises:
+      ValueError: for a word-level vocabulary, or a pattern that does not compile.
+    """
+    if vocab.level != CHAR:
+        raise ValueError(f"A text pattern needs a character-level vocabulary, not {vocab.level!r}.")
+    try:
+        compiled = re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"The pattern {pattern!r} is not a regular expression: {e}.") from e
+    text = vocab.decode(ids)
+    inside = np.zeros(len(text), bool)
+    for match in compiled.finditer(text):
+        inside[match.start() : match.end()] = True
+    return inside

@@ -9,6 +9,7 @@ References:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from deq_jax.tasks import text_batches
+from deq_jax.tasks.text_vocab import pattern_mask
 from deq_jax.training import sharding
 from deq_jax.training.checkpoint import saved_steps
 from deq_jax.training.evaluate import format_report
@@ -67,6 +70,7 @@ class StreamEvaluator:
         max_iter: int | None = None,
         mode: str | None = None,
         segments: bool = False,
+        keep: np.ndarray | None = None,
     ) -> dict[str, Any]:
         """Streams ``split`` (the first ``max_batches`` segments; 0: all of it).
 
@@ -78,6 +82,8 @@ class StreamEvaluator:
           segments: also return ``segments``, one entry per batch of segments in stream
             order (`segment_record`), to see where the loss and the unconverged
             solves are.
+          keep: ``bool [N]`` over the split's tokens: score only the targets it keeps
+            (the model still reads every token; `pattern_mask` makes one).
 
         Returns:
           The task's summary (``bpc`` or ``ppl``, ``nll``, ``tokens``) plus the solver's
@@ -91,13 +97,20 @@ class StreamEvaluator:
         totals: dict[str, float] = {}
         records: list[dict[str, float]] = []
         seconds, timed_tokens = 0.0, 0.0
-        batches = self.task.eval_iterator(
-            split,
-            self.batch_size,
-            self.seq_len,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-        )
+        if keep is not None and len(keep) != self.task.num_tokens(split):
+            raise ValueError(
+                f"keep has {len(keep)} flags but split {split!r} has "
+                f"{self.task.num_tokens(split)} tokens."
+            )
+        where = dict(process_index=jax.process_index(), process_count=jax.process_count())
+        batches = self.task.eval_iterator(split, self.batch_size, self.seq_len, **where)
+        if keep is not None:  # the same layout over the kept flags: targets line up
+            flags = np.asarray(keep, np.int32)
+            kept = text_batches.eval_batches(flags, self.batch_size, self.seq_len, **where)
+            batches = (
+                dict(b, mask=b["mask"] & k["targets"].astype(bool))
+                for b, k in zip(batches, kept, strict=True)
+            )
         for i, batch in enumerate(batches):
             if self.max_batches and i >= self.max_batches:
                 break
@@ -153,6 +166,18 @@ def worst_segments_share(records: Sequence[dict[str, float]], fraction: float = 
     return sum(losses[:worst]) / sum(losses)
 
 
+def split_by_pattern(whole: dict[str, Any], kept: dict[str, Any]) -> dict[str, float]:
+    """``kept_bpc``, ``matched_bpc`` and ``matched_fraction`` of a split scored whole and
+    scored on the kept characters only (``nll`` is nats per character)."""
+    matched = whole["tokens"] - kept["tokens"]
+    nll_matched = whole["nll"] * whole["tokens"] - kept["nll"] * kept["tokens"]
+    return dict(
+        kept_bpc=kept["nll"] / math.log(2.0),
+        matched_bpc=nll_matched / matched / math.log(2.0) if matched else float("nan"),
+        matched_fraction=matched / whole["tokens"],
+    )
+
+
 def evaluate_lm_checkpoint(
     config: Any,
     workdir: str,
@@ -160,6 +185,7 @@ def evaluate_lm_checkpoint(
     max_iters: Sequence[int] = (),
     emit: Callable[[str], None] = print,
     checkpoint: str = "",
+    exclude: str = "",
 ) -> dict[str, dict[str, dict]]:
     """Scores a language model's checkpoint on whole splits at any solver budgets.
 
@@ -173,6 +199,10 @@ def evaluate_lm_checkpoint(
       emit: receives a line per split and budget, then the table; its first line names
         the checkpoint's step.
       checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
+      exclude: a regular expression (character level): each split is streamed a second
+        time scoring only the characters outside its matches (`pattern_mask`), which
+        adds ``kept_bpc`` and ``matched_bpc`` (the bits per character outside and
+        inside the matches) and ``matched_fraction`` to its metrics.
 
     Returns:
       ``{"max_iter=K": {split: metrics}}``, each split's metrics with ``segments``
@@ -182,7 +212,8 @@ def evaluate_lm_checkpoint(
       FileNotFoundError: if the workdir holds no checkpoint or no ``vocab.json`` (said
         before anything is built).
       VocabularyMismatchError: if the data's vocabulary is not the run's.
-      ValueError: for an unknown ``checkpoint``.
+      ValueError: for an unknown ``checkpoint``, or an ``exclude`` that does not
+        compile or is given for a word-level task.
     """
     if not saved_steps(workdir):
         raise FileNotFoundError(
@@ -205,7 +236,10 @@ def evaluate_lm_checkpoint(
     budgets = [int(k) for k in max_iters] or [config.deq.eval_max_iter or config.deq.train_max_iter]
     named = describe_selected(workdir, which, run.start_step)
     emit(f"Checkpoint step {step} of {workdir} ({named}): streaming {', '.join(splits)}.")
-    headline = run.task.headline
+    task, headline = run.task, run.task.headline
+    keeps = {}
+    if exclude:
+        keeps = {s: ~pattern_mask(task.vocab, task.tokens(s), exclude) for s in splits}
     report: dict[str, dict[str, dict]] = {}
     for max_iter in budgets:
         name = f"max_iter={max_iter}"
@@ -213,12 +247,22 @@ def evaluate_lm_checkpoint(
         for split in splits:
             metrics = evaluator.evaluate(state, split, max_iter=max_iter, segments=True)
             metrics["worst_5pct_share"] = worst_segments_share(metrics["segments"])
-            report[name][split] = metrics
-            emit(
+            line = (
                 f"  {name} {split}: {headline} {metrics[headline]:.4f}  nstep_mean "
                 f"{metrics['nstep_mean']:.1f}  converged {metrics['converged']:.3f}  worst 5% "
                 f"of segments carry {100 * metrics['worst_5pct_share']:.1f}% of the loss"
             )
+            if exclude:
+                kept = evaluator.evaluate(state, split, max_iter=max_iter, keep=keeps[split])
+                metrics.update(split_by_pattern(metrics, kept))
+                line += (
+                    f"; outside /{exclude}/ {metrics['kept_bpc']:.4f}, inside "
+                    f"{metrics['matched_bpc']:.4f} ({100 * metrics['matched_fraction']:.2f}% "
+                    "of the characters)"
+                )
+            report[name][split] = metrics
+            emit(line)
     keys = [headline, "nstep_mean", "converged", "worst_5pct_share"]
+    keys += ["kept_bpc", "matched_bpc", "matched_fraction"] if exclude else []
     emit(f"Checkpoint step {step} of {workdir} ({which}):\n" + format_report(report, keys))
     return report
