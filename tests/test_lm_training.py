@@ -102,7 +102,7 @@ def test_checkpoint_evaluation_at_other_budgets_with_segments(corpus, trained, t
     nll = sum(s["nll"] * s["tokens"] for s in segments) / tokens
     np.testing.assert_allclose(nll, at_eval_budget["nll"], rtol=1e-5)
     assert 0 < at_eval_budget["worst_5pct_share"] < 1
-    # --exclude: the second pass scores exactly the targets outside the matches
+    # --exclude: the same pass also scores exactly the targets outside the matches
     from deq_jax import tasks
     from deq_jax.tasks.text_vocab import pattern_mask
 
@@ -111,6 +111,13 @@ def test_checkpoint_evaluation_at_other_budgets_with_segments(corpus, trained, t
     assert inside.any() and "outside /ROMEO/" in lines[1]
     np.testing.assert_allclose(at_eval_budget["matched_fraction"], inside.mean(), rtol=1e-6)
     assert np.isfinite([at_eval_budget["kept_bpc"], at_eval_budget["matched_bpc"]]).all()
+    assert abs(at_eval_budget["kept_bpc"] - at_eval_budget["bpc"]) > 1e-4
+    # a pattern that matches nothing keeps every target: the kept sums are the whole's
+    nothing = evaluate_lm_checkpoint(
+        config, workdir, splits=("valid",), max_iters=(4,), emit=lambda _: None, exclude="Q{9}"
+    )["max_iter=4"]["valid"]
+    assert nothing["matched_fraction"] == 0 and np.isnan(nothing["matched_bpc"])
+    np.testing.assert_allclose(nothing["kept_bpc"], at_eval_budget["bpc"], rtol=1e-6)
 
     with pytest.raises(FileNotFoundError, match="No checkpoint"):
         evaluate_lm_checkpoint(smoke_config(corpus), str(tmp_path / "empty"))

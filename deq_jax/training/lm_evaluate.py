@@ -22,17 +22,19 @@ from jax.sharding import Mesh
 from deq_jax.tasks import text_batches
 from deq_jax.tasks.text_vocab import pattern_mask
 from deq_jax.training import sharding
-from deq_jax.training.checkpoint import saved_steps
 from deq_jax.training.evaluate import format_report
 from deq_jax.training.lm_setup import VOCAB_FILE, setup_language_model
 from deq_jax.training.lm_steps import LM_KEYS, make_lm_eval_step, place_memory
 from deq_jax.training.selection import describe_selected, restore_selected
+from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
 
 
 def lm_device_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-    """The global, sharded token arrays of this process's rows of ``batch``."""
-    return sharding.shard_batch({k: batch[k] for k in LM_KEYS}, mesh)
+    """The global, sharded token arrays of this process's rows of ``batch`` (with its
+    ``"keep"`` flags, if it has them)."""
+    keys = (*LM_KEYS, "keep") if "keep" in batch else LM_KEYS
+    return sharding.shard_batch({k: batch[k] for k in keys}, mesh)
 
 
 class StreamEvaluator:
@@ -82,15 +84,16 @@ class StreamEvaluator:
           segments: also return ``segments``, one entry per batch of segments in stream
             order (`segment_record`), to see where the loss and the unconverged
             solves are.
-          keep: ``bool [N]`` over the split's tokens: score only the targets it keeps
-            (the model still reads every token; `pattern_mask` makes one).
+          keep: ``bool [N]`` over the split's tokens: also score the targets it keeps,
+            in the same pass (`pattern_mask` makes one).
 
         Returns:
           The task's summary (``bpc`` or ``ppl``, ``nll``, ``tokens``) plus the solver's
           ``nstep_mean`` (steps per segment row), ``nstep_max``, ``converged`` (the
           fraction of row-segments that met the tolerance), ``rel_residual`` (their
           mean final relative residual), ``seconds`` and
-          ``tokens_per_second`` (wall time of the steps, the first compile excluded).
+          ``tokens_per_second`` (wall time of the steps, the first compile excluded);
+          with ``keep``, also ``kept_nll`` (nats per kept token) and ``kept_tokens``.
         """
         step = self._step(max_iter, mode)
         mems = place_memory(self._template, self.mesh, self.batch_size)
@@ -108,8 +111,7 @@ class StreamEvaluator:
             flags = np.asarray(keep, np.int32)
             kept = text_batches.eval_batches(flags, self.batch_size, self.seq_len, **where)
             batches = (
-                dict(b, mask=b["mask"] & k["targets"].astype(bool))
-                for b, k in zip(batches, kept, strict=True)
+                dict(b, keep=k["targets"].astype(bool)) for b, k in zip(batches, kept, strict=True)
             )
         for i, batch in enumerate(batches):
             if self.max_batches and i >= self.max_batches:
@@ -139,6 +141,12 @@ class StreamEvaluator:
             seconds=seconds,
             tokens_per_second=timed_tokens / seconds if seconds else float("nan"),
         )
+        if keep is not None:
+            count = totals["kept_count"]
+            metrics.update(
+                kept_nll=totals["kept_nll_sum"] / count if count else float("nan"),
+                kept_tokens=count,
+            )
         if segments:
             metrics["segments"] = records
         return metrics
@@ -166,15 +174,15 @@ def worst_segments_share(records: Sequence[dict[str, float]], fraction: float = 
     return sum(losses[:worst]) / sum(losses)
 
 
-def split_by_pattern(whole: dict[str, Any], kept: dict[str, Any]) -> dict[str, float]:
-    """``kept_bpc``, ``matched_bpc`` and ``matched_fraction`` of a split scored whole and
-    scored on the kept characters only (``nll`` is nats per character)."""
-    matched = whole["tokens"] - kept["tokens"]
-    nll_matched = whole["nll"] * whole["tokens"] - kept["nll"] * kept["tokens"]
+def split_by_pattern(metrics: dict[str, Any]) -> dict[str, float]:
+    """``kept_bpc``, ``matched_bpc`` and ``matched_fraction`` of a split's metrics scored
+    with ``keep`` (`StreamEvaluator.evaluate`; ``nll`` is nats per character)."""
+    matched = metrics["tokens"] - metrics["kept_tokens"]
+    nll_matched = metrics["nll"] * metrics["tokens"] - metrics["kept_nll"] * metrics["kept_tokens"]
     return dict(
-        kept_bpc=kept["nll"] / math.log(2.0),
+        kept_bpc=metrics["kept_nll"] / math.log(2.0),
         matched_bpc=nll_matched / matched / math.log(2.0) if matched else float("nan"),
-        matched_fraction=matched / whole["tokens"],
+        matched_fraction=matched / metrics["tokens"],
     )
 
 
@@ -199,8 +207,8 @@ def evaluate_lm_checkpoint(
       emit: receives a line per split and budget, then the table; its first line names
         the checkpoint's step.
       checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
-      exclude: a regular expression (character level): each split is streamed a second
-        time scoring only the characters outside its matches (`pattern_mask`), which
+      exclude: a regular expression (character level): each split is also scored on
+        the characters outside its matches (`pattern_mask`), in the same pass, which
         adds ``kept_bpc`` and ``matched_bpc`` (the bits per character outside and
         inside the matches) and ``matched_fraction`` to its metrics.
 
@@ -215,18 +223,7 @@ def evaluate_lm_checkpoint(
       ValueError: for an unknown ``checkpoint``, or an ``exclude`` that does not
         compile or is given for a word-level task.
     """
-    if not saved_steps(workdir):
-        raise FileNotFoundError(
-            f"No checkpoint in {os.path.join(workdir, 'checkpoints')} to evaluate: train one "
-            f"first (python -m launch.main --config ... --workdir {workdir})."
-        )
-    if not os.path.exists(os.path.join(workdir, VOCAB_FILE)):
-        raise FileNotFoundError(
-            f"No {VOCAB_FILE} in {workdir}: is it a language-model run? Pass the config "
-            "the run was trained with."
-        )
-    run = setup_language_model(config, workdir)
-    run.checkpointer.close()
+    run = restore_trained(config, workdir, "to evaluate", setup_fn=_setup_trained_language_model)
     state, step, which = restore_selected(workdir, run.state, run.start_step, checkpoint)
     ec = config.eval
     evaluator = StreamEvaluator(
@@ -245,7 +242,8 @@ def evaluate_lm_checkpoint(
         name = f"max_iter={max_iter}"
         report[name] = {}
         for split in splits:
-            metrics = evaluator.evaluate(state, split, max_iter=max_iter, segments=True)
+            keep = keeps.get(split)
+            metrics = evaluator.evaluate(state, split, max_iter=max_iter, segments=True, keep=keep)
             metrics["worst_5pct_share"] = worst_segments_share(metrics["segments"])
             line = (
                 f"  {name} {split}: {headline} {metrics[headline]:.4f}  nstep_mean "
@@ -253,8 +251,7 @@ def evaluate_lm_checkpoint(
                 f"of segments carry {100 * metrics['worst_5pct_share']:.1f}% of the loss"
             )
             if exclude:
-                kept = evaluator.evaluate(state, split, max_iter=max_iter, keep=keeps[split])
-                metrics.update(split_by_pattern(metrics, kept))
+                metrics.update(split_by_pattern(metrics))
                 line += (
                     f"; outside /{exclude}/ {metrics['kept_bpc']:.4f}, inside "
                     f"{metrics['matched_bpc']:.4f} ({100 * metrics['matched_fraction']:.2f}% "
@@ -266,3 +263,14 @@ def evaluate_lm_checkpoint(
     keys += ["kept_bpc", "matched_bpc", "matched_fraction"] if exclude else []
     emit(f"Checkpoint step {step} of {workdir} ({which}):\n" + format_report(report, keys))
     return report
+
+
+def _setup_trained_language_model(config: Any, workdir: str):
+    """`setup_language_model`, refused before anything is built when the workdir holds
+    no ``vocab.json`` (not a language model's run)."""
+    if not os.path.exists(os.path.join(workdir, VOCAB_FILE)):
+        raise FileNotFoundError(
+            f"No {VOCAB_FILE} in {workdir}: is it a language-model run? Pass the config "
+            "the run was trained with."
+        )
+    return setup_language_model(config, workdir)

@@ -223,7 +223,9 @@ def make_lm_eval_step(
 
     ``sums`` holds sums over the batch, for streaming a whole split: ``nll_sum`` and
     ``count`` over the real tokens, ``nstep_sum``, ``nstep_max``, ``converged_sum``,
-    ``rel_residual_sum`` and ``rows`` over the rows with a real token. The memory
+    ``rel_residual_sum`` and ``rows`` over the rows with a real token. A batch with a
+    ``"keep"`` key (``bool``, the shape of ``mask``) also gets ``kept_nll_sum`` and
+    ``kept_count`` over the real tokens it keeps, in the same pass. The memory
     argument is donated unless ``donate=False`` (to call the step again on it, as a
     benchmark does).
     """
@@ -252,6 +254,10 @@ def make_lm_eval_step(
             "rel_residual_sum": jnp.sum(jnp.where(rows & finite, out.stats.rel_residual, 0.0)),
             "rows": jnp.sum(rows.astype(jnp.float32)),
         }
+        if "keep" in batch:
+            kept = mask & batch["keep"]
+            sums["kept_nll_sum"] = jnp.sum(jnp.where(kept, out.nll, 0.0))
+            sums["kept_count"] = jnp.sum(kept.astype(jnp.float32))
         return out.mems, sums
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)

@@ -10,6 +10,7 @@ mesh).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -144,7 +145,9 @@ def setup(config: Any, workdir: str) -> Run:
     )
 
 
-def restore_trained(config: Any, workdir: str, purpose: str) -> Run:
+def restore_trained(
+    config: Any, workdir: str, purpose: str, setup_fn: Callable[[Any, str], Any] | None = None
+) -> Any:
     """`setup` for a tool that reads a trained run: the checkpointer is closed (nothing
     is saved) and a workdir without a checkpoint is an error.
 
@@ -152,6 +155,9 @@ def restore_trained(config: Any, workdir: str, purpose: str) -> Run:
       config: the configuration the run was trained with.
       workdir: the run's directory.
       purpose: what the run is restored for, in the error ("to evaluate").
+      setup_fn: ``(config, workdir) -> run`` that builds the model and restores the
+        latest checkpoint (``None``: `setup`; a language model's run passes a
+        `setup_language_model`).
 
     Raises:
       FileNotFoundError: if the workdir holds no checkpoint (said before any data is
@@ -164,7 +170,7 @@ def restore_trained(config: Any, workdir: str, purpose: str) -> Run:
             f"first (python -m launch.main --config ... --workdir {workdir}), or pass the "
             "--workdir of a trained run."
         )
-    run = setup(config, workdir)
+    run = (setup_fn or setup)(config, workdir)
     run.checkpointer.close()
     if run.start_step == 0:
         raise FileNotFoundError(f"No checkpoint in {run.checkpointer.directory} {purpose}.")
