@@ -31,6 +31,11 @@ longer (41.0 against 26.9 path pixels on 13x13 mazes), tested on 9x9 to 21x21::
     python -m launch.main --config configs/mazes.py:benchmark --workdir /tmp/mazes_bench
     python -m launch.main --config configs/mazes.py:benchmark,smoke --workdir /tmp/mzb_smoke
 
+The best checkpoint is chosen on ``valid``, new mazes of the training size, which a
+trained model solves from early on; ``--config.task.val_maze_size=11`` draws them at
+11x11 instead (between the training and test sizes), so the kept checkpoint is the one
+that extrapolates best.
+
 To train or test on easy-to-hard-data's own files (``maze_data_{train,test}_{S}/``
 folders of ``inputs.npy`` and ``solutions.npy``, as its ``MazeDataset`` downloads them),
 point ``task.files_dir`` at the folder that holds them::
@@ -65,6 +70,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             test_maze_sizes=(9, 11, 13),
             test_size=200,
             val_size=200,  # "valid": new 9x9 mazes, for model selection
+            val_maze_size=0,  # their size; 0: the training size
             generator="random_start",
             files_dir="",
         )

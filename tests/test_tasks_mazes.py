@@ -213,6 +213,25 @@ def test_validation_split_is_new_mazes_of_the_training_size():
     assert tasks.get("mazes", test_maze_sizes=(9,), val_size=0).validation_split is None
 
 
+def test_validation_split_of_a_larger_size_for_selecting_extrapolation():
+    config = dataclasses.replace(SMALL, val_size=20, val_maze_size=13)
+    valid = generate_split(config, "valid")
+    assert config.maze_size("valid") == 13 and valid["grids"].shape == (20, 15, 15)
+    rows = lambda split: {g.tobytes() for g in generate_split(config, split)["grids"]}
+    assert len(rows("valid")) == 20 and not rows("valid") & rows("test_13")
+    at_train_size = dataclasses.replace(config, val_maze_size=0)  # the other splits unchanged
+    assert at_train_size.maze_size("valid") == 9
+    for split in ("train", "test_9", "test_13"):
+        np.testing.assert_array_equal(
+            generate_split(at_train_size, split)["grids"], generate_split(config, split)["grids"]
+        )
+    task = tasks.get("mazes", train_size=60, test_maze_sizes=(9,), val_size=8, val_maze_size=11)
+    assert task.source("valid")[0]["inputs"].shape == (28, 28, 3)  # 2 * 11 + 6 pixels
+    assert task.input_shape == (24, 24, 3)  # the model is still built on 9x9 mazes
+    with pytest.raises(ValueError, match="odd integer"):
+        dataclasses.replace(SMALL, val_maze_size=10)
+
+
 def test_task_interface_iterators_and_metrics():
     task = tasks.get(
         "mazes", data_dir="/unused", train_size=60, test_maze_sizes=(9, 13), test_size=12

@@ -22,12 +22,13 @@ Storage. Each split is generated in memory from ``(seed, split)`` (a Python loop
 cells: about 0.7 s for 10,000 9x9 mazes, 0.3 s for 1,000 33x33 ones) and cached per
 process as compact ``(2n + 1)^2`` grids; images are rendered per batch. Mazes are
 distinct within a split; the test split of the training size holds no training maze.
-The validation split ``"valid"`` (``val_size`` mazes of the training size, for model
-selection; none with ``val_size=0``) holds no training maze and none of that test
-split; each split draws from its own stream, so adding it changes no other split.
+The validation split ``"valid"`` (``val_size`` mazes of the training size, or of
+``val_maze_size`` to select for extrapolation; for model selection; none with
+``val_size=0``) holds no training maze and none of the test split of its size; each
+split draws from its own stream, so adding it changes no other split.
 Splits read from easy-to-hard files (``files_dir``) are the first ``train_size`` or
 ``test_size`` mazes of ``maze_data_train_{S}`` or ``maze_data_test_{S}``, and
-``"valid"`` the ``val_size`` mazes after the training ones in ``maze_data_train_{S}``,
+``"valid"`` the ``val_size`` mazes after the first ``train_size`` in ``maze_data_train_{S}``,
 checked to be renderings of compact grids and stored as such; their uniqueness is the
 files' own.
 
@@ -107,8 +108,11 @@ class MazeConfig(SplitSizes):
       train_maze_size: maze size ``S`` of the training split.
       test_maze_sizes: one test split ``"test_{S}"`` per size.
       test_size: mazes per test split.
-      val_size: mazes of the validation split ``"valid"`` (of the training size; 0:
-        none).
+      val_size: mazes of the validation split ``"valid"`` (0: none).
+      val_maze_size: maze size of ``"valid"``; 0 (the default): the training size. A
+        size between the training and the test sizes makes the best checkpoint the
+        one that extrapolates best, where validation at the training size (solved
+        perfectly early on) cannot tell checkpoints apart.
       generator: ``"from_start"`` (easy-to-hard-data's) or ``"random_start"``; see
         `deq_jax.tasks.maze_generator`.
       files_dir: if set, the splits are read from easy-to-hard-data's maze folders
@@ -123,11 +127,14 @@ class MazeConfig(SplitSizes):
     val_size: int = 1_000
     generator: str = FROM_START
     files_dir: str = ""
+    val_maze_size: int = 0
 
     def __post_init__(self):
         check_generator(self.generator)
         for size in (self.train_maze_size, *self.test_maze_sizes):
             check_maze_size(size)
+        if self.val_maze_size:
+            check_maze_size(self.val_maze_size)
         object.__setattr__(self, "test_maze_sizes", tuple(int(s) for s in self.test_maze_sizes))
         if not self.test_maze_sizes or len(set(self.test_maze_sizes)) != len(self.test_maze_sizes):
             raise ValueError(f"test_maze_sizes must be distinct sizes, got {self.test_maze_sizes}.")
@@ -143,6 +150,9 @@ class MazeConfig(SplitSizes):
 
     def maze_size(self, split: str) -> int:
         """Maze size ``S`` of ``split``."""
+        if split == VALID and self.val_maze_size:
+            self.check_split(split)
+            return self.val_maze_size
         return self.scale(split, self.train_maze_size)
 
 
@@ -163,9 +173,9 @@ def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, kind, maze_size]))
     clash = split != TRAIN and maze_size == config.train_maze_size
     seen = {g.tobytes() for g in generate_split(config, TRAIN)["grids"]} if clash else set()
-    test_at_train_size = f"test_{config.train_maze_size}"
-    if split == VALID and test_at_train_size in config.splits:
-        seen |= {g.tobytes() for g in generate_split(config, test_at_train_size)["grids"]}
+    test_of_its_size = f"test_{maze_size}"
+    if split == VALID and test_of_its_size in config.splits:
+        seen |= {g.tobytes() for g in generate_split(config, test_of_its_size)["grids"]}
     grids, paths = [], []
     for _ in range(_MAX_DRAWS_FACTOR * count + 1000):
         if len(grids) == count:
@@ -313,6 +323,7 @@ def mazes(
     val_size: int = 1_000,
     generator: str = FROM_START,
     files_dir: str = "",
+    val_maze_size: int = 0,
 ) -> MazeTask:
     """Builds the maze task; the registry's constructor (see `MazeConfig`).
 
@@ -330,5 +341,6 @@ def mazes(
             val_size=val_size,
             generator=generator,
             files_dir=files_dir,
+            val_maze_size=val_maze_size,
         )
     )
