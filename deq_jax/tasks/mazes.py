@@ -22,10 +22,10 @@ Storage. Each split is generated in memory from ``(seed, split)`` (a Python loop
 cells: about 0.7 s for 10,000 9x9 mazes, 0.3 s for 1,000 33x33 ones) and cached per
 process as compact ``(2n + 1)^2`` grids; images are rendered per batch. Mazes are
 distinct within a split; the test split of the training size holds no training maze.
-The validation split ``"valid"`` (``val_size`` mazes of the training size, or of
-``val_maze_size`` to select for extrapolation; for model selection; none with
-``val_size=0``) holds no training maze and none of the test split of its size; each
-split draws from its own stream, so adding it changes no other split.
+The validation split ``"valid"`` (for model selection: ``val_size`` mazes of the
+training size, or of ``val_maze_size``; none with ``val_size=0``) holds no training
+maze and none of the test split of its size; each split draws from its own stream, so
+adding it changes no other split.
 Splits read from easy-to-hard files (``files_dir``) are the first ``train_size`` or
 ``test_size`` mazes of ``maze_data_train_{S}`` or ``maze_data_test_{S}``, and
 ``"valid"`` the ``val_size`` mazes after the first ``train_size`` in ``maze_data_train_{S}``,
