@@ -150,10 +150,8 @@ class MazeConfig(SplitSizes):
 
     def maze_size(self, split: str) -> int:
         """Maze size ``S`` of ``split``."""
-        if split == VALID and self.val_maze_size:
-            self.check_split(split)
-            return self.val_maze_size
-        return self.scale(split, self.train_maze_size)
+        size = self.scale(split, self.train_maze_size)
+        return (self.val_maze_size or size) if split == VALID else size
 
 
 @functools.lru_cache(maxsize=32)

@@ -10,7 +10,6 @@ References:
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +22,7 @@ from deq_jax.tasks import text_batches
 from deq_jax.tasks.text_vocab import pattern_mask
 from deq_jax.training import sharding
 from deq_jax.training.evaluate import format_report
-from deq_jax.training.lm_setup import VOCAB_FILE, setup_language_model
+from deq_jax.training.lm_setup import saved_vocabulary_path, setup_language_model
 from deq_jax.training.lm_steps import LM_KEYS, make_lm_eval_step, place_memory
 from deq_jax.training.selection import describe_selected, restore_selected
 from deq_jax.training.setup import restore_trained
@@ -268,9 +267,5 @@ def evaluate_lm_checkpoint(
 def _setup_trained_language_model(config: Any, workdir: str):
     """`setup_language_model`, refused before anything is built when the workdir holds
     no ``vocab.json`` (not a language model's run)."""
-    if not os.path.exists(os.path.join(workdir, VOCAB_FILE)):
-        raise FileNotFoundError(
-            f"No {VOCAB_FILE} in {workdir}: is it a language-model run? Pass the config "
-            "the run was trained with."
-        )
+    saved_vocabulary_path(workdir)
     return setup_language_model(config, workdir)

@@ -61,6 +61,21 @@ class LMRun(NamedTuple):
     checkpointer: Checkpointer
 
 
+def saved_vocabulary_path(workdir: str) -> str:
+    """The path of a trained language model's ``vocab.json`` in ``workdir``.
+
+    Raises:
+      FileNotFoundError: if there is none (not a language model's run).
+    """
+    path = os.path.join(workdir, VOCAB_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"No {VOCAB_FILE} in {workdir}: is it a language-model run? Pass the config "
+            "the run was trained with."
+        )
+    return path
+
+
 def check_vocabulary(workdir: str, vocab: Vocabulary, *, write: bool = True) -> None:
     """Checks ``vocab`` against the workdir's ``vocab.json`` (written on a fresh run).
 
@@ -155,10 +170,7 @@ def restore_language_model(config: Any, workdir: str) -> tuple[Any, Any, Vocabul
       FileNotFoundError: if the workdir has no ``vocab.json`` or no checkpoint.
       CheckpointMismatchError: if the checkpoint does not fit the config's model.
     """
-    path = os.path.join(workdir, VOCAB_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No {VOCAB_FILE} in {workdir}: is it a language-model run?")
-    with open(path) as f:
+    with open(saved_vocabulary_path(workdir)) as f:
         vocab = Vocabulary.from_json(f.read())
     build.check_layout(config)
     tc = config.train
