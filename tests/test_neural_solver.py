@@ -324,6 +324,13 @@ def test_anderson_after_switches_at_its_step():
     b = _solve(f, z0, bias, handed).stats.trace
     np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-5)
     assert float(jnp.mean(b[:, -1])) < 0.1 * float(jnp.mean(a[:, -1]))
+    # The while loop runs the hand-over's stretches (no per-step switch between the
+    # parts); the iterates are those of the switching steps that "scan" takes.
+    assert [p.stay is None for p in handed.phases()] == [False, False, True]
+    fn = lambda z: f(z, bias)
+    runs = {loop: dj.solvers.iterate(handed, fn, z0, loop) for loop in ("while", "scan")}
+    np.testing.assert_allclose(runs["while"][0], runs["scan"][0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(runs["while"][1].trace, runs["scan"][1].trace, rtol=1e-5)
     # Unrolled past the switch for training, the learned steps still get gradients.
     z_star = _solve(f, z0, bias, dj.solvers.anderson(tol=1e-7, max_iter=100)).value
     loss = lambda p: ns.neural_solver_loss(
