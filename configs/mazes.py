@@ -36,6 +36,11 @@ trained model solves from early on; ``--config.task.val_maze_size=11`` draws the
 11x11 instead (between the training and test sizes), so the kept checkpoint is the one
 that extrapolates best.
 
+The ``gpu`` variant is sized for an accelerator: deep-thinking's width (128) and
+training set (50,000 mazes), batches of 128, 1,000 test mazes per size, selection on
+11x11. ``launch/device/mazes_benchmark.sh`` trains three seeds of ``benchmark,gpu`` (with
+the Jacobian penalty) side by side in a wall-clock budget and prints their seed report.
+
 To train or test on easy-to-hard-data's own files (``maze_data_{train,test}_{S}/``
 folders of ``inputs.npy`` and ``solutions.npy``, as its ``MazeDataset`` downloads them),
 point ``task.files_dir`` at the folder that holds them::
@@ -57,8 +62,10 @@ from configs import default
 
 def get_config(arg: str | None = None) -> ConfigDict:
     """The maze config; ``arg``: ``"smoke"`` (the seconds-long test variant),
-    ``"benchmark"`` (easy-to-hard-data's generator), or both, ``"benchmark,smoke"``."""
-    names = default.variants(arg, ("smoke", "benchmark"))
+    ``"benchmark"`` (easy-to-hard-data's generator), ``"gpu"`` (deep-thinking's width and
+    data size, for an accelerator), or a comma-separated combination such as
+    ``"benchmark,smoke"`` or ``"benchmark,gpu"``."""
+    names = default.variants(arg, ("smoke", "benchmark", "gpu"))
     config = default.get_config()
     config.task = ConfigDict(
         dict(
@@ -112,6 +119,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
     )
     config.ckpt.every_steps = 500
     config.log.every_steps = 50
+    if "gpu" in names:
+        # deep-thinking's maze model width (128) and training set (50,000 mazes), four
+        # times the batch (an accelerator runs it at little extra cost), 1,000 test
+        # mazes per size (0.1 points each) and selection on 11x11.
+        config.task.update(dict(train_size=50_000, test_size=1_000, val_size=500, val_maze_size=11))
+        config.model.width = 128
+        config.train.update(dict(steps=6_000, batch_size=128, warmup_steps=200))
+        config.eval.update(dict(batch_size=500))
     if "smoke" in names:
         default.smoke(
             config,

@@ -85,6 +85,8 @@ def _times(model, step, state, batch, repeats: int) -> dict:
     """Median seconds and images per second of the train step and an eval forward."""
     import jax
 
+    from deq_jax.training.steps import RNG_STREAMS
+
     holder = {"state": state}
 
     def train_once():
@@ -92,9 +94,12 @@ def _times(model, step, state, batch, repeats: int) -> dict:
         return metrics
 
     train_seconds = _median_seconds(train_once, repeats)
-    forward = jax.jit(lambda variables, x: model.apply(variables, x, train=False)[0])
+    forward = jax.jit(
+        lambda variables, x, rngs: model.apply(variables, x, train=False, rngs=rngs)[0]
+    )
     variables = holder["state"].variables()
-    eval_seconds = _median_seconds(lambda: forward(variables, batch["inputs"]), repeats)
+    rngs = holder["state"].step_rngs(*RNG_STREAMS)  # as the eval step: z_init="mixed" draws
+    eval_seconds = _median_seconds(lambda: forward(variables, batch["inputs"], rngs), repeats)
     b = batch["inputs"].shape[0]
     return {
         "train_seconds": train_seconds,

@@ -221,3 +221,17 @@ def test_smoke_config_runs_end_to_end(tmp_path):
         mazes_hypersolver.get_config().deq.neural_solver.max_iter
         == maze_config.get_config().deq.eval_max_iter
     )
+
+
+def test_step_cost_times_a_mixed_init_maze_model_on_its_task_data(tmp_path):
+    # launch.step_cost's eval forward draws z_init="mixed"'s start from the step's rng
+    # streams, as the eval step does (launch/device/mazes_benchmark.sh fits its steps to it).
+    from launch import step_cost
+
+    config = maze_config.get_config("benchmark,smoke")
+    config.task.data_dir = str(tmp_path / "data")
+    assert config.deq.z_init == "mixed"
+    (row,) = step_cost.measure(config, str(tmp_path), [3], ["jacobian_free"], 1)
+    assert row["backward"] == "jacobian_free" and row["budget"] == 3
+    assert row["batch_size"] == config.train.batch_size
+    assert row["train_seconds"] > 0 and row["eval_images_per_second"] > 0
