@@ -124,7 +124,9 @@ def measure(
     import jax.numpy as jnp
 
     from deq_jax.training import build, sharding
+    from deq_jax.training.interventions import PathIndependence
     from deq_jax.training.optim import make_optimizer
+    from deq_jax.training.regularizer import JacobianRegularizer
     from deq_jax.training.state import create_train_state
     from deq_jax.training.steps import make_train_step
 
@@ -146,7 +148,14 @@ def measure(
             sample = jnp.zeros((1, *host_batch["inputs"].shape[1:]), jnp.float32)
             state = create_train_state(model, tx, sample, jax.random.PRNGKey(0))
             state = sharding.replicate(state, mesh)
-            step = make_train_step(model, metrics_fn, schedule, mesh)
+            step = make_train_step(
+                model,
+                metrics_fn,
+                schedule,
+                mesh,
+                regularizer=JacobianRegularizer.from_config(cfg.get("regularizer", {})),
+                interventions=PathIndependence.from_config(cfg.get("path_independence", {})),
+            )
             compiled = step.lower(state, batch).compile()
             memory = compiled.memory_analysis()
             row = {

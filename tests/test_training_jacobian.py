@@ -3,6 +3,7 @@
 import json
 import os
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -293,6 +294,36 @@ def test_frequency_draws_the_term_on_some_steps(synthetic_run):
         else:
             assert np.isnan(m["jacobian_term"]) and m["loss"] == m["task_loss"]
     assert 0 < sum(applied) < 12
+
+
+def test_masked_draw_matches_the_conditional(synthetic_run, monkeypatch):
+    # On CPU (branches_are_slow) the drawn term is masked instead of skipped by a
+    # lax.cond: the same draws, losses, metrics and parameters either way.
+    from deq_jax.training import steps as steps_module
+
+    assert steps_module.branches_are_slow(synthetic_run[0].mesh)  # the suite runs on CPU
+    run, batch = synthetic_run
+    reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5)
+    runs = {}
+    for gated in (True, False):
+        monkeypatch.setattr(steps_module, "branches_are_slow", lambda mesh, g=gated: g)
+        step = make_train_step(
+            run.model, run.task.metrics, run.schedule, run.mesh, regression=True, regularizer=reg
+        )
+        state = sharding.replicate(jax.device_get(run.state), run.mesh)
+        history = []
+        for _ in range(12):
+            state, m = step(state, batch)
+            history.append(jax.device_get(m))
+        runs[gated] = (jax.device_get(state.params), history)
+    (p_gate, h_gate), (p_cond, h_cond) = runs[True], runs[False]
+    applied = [float(m["jacobian_applied"]) for m in h_gate]
+    assert applied == [float(m["jacobian_applied"]) for m in h_cond] and 0 < sum(applied) < 12
+    for m_gate, m_cond in zip(h_gate, h_cond, strict=True):
+        assert set(m_gate) == set(m_cond)
+        for key in ("loss", "task_loss", "jacobian_term", "grad_norm"):
+            np.testing.assert_allclose(m_gate[key], m_cond[key], rtol=1e-5, err_msg=key)
+    chex.assert_trees_all_close(p_gate, p_cond, rtol=1e-5, atol=1e-7)
 
 
 def test_spectral_step(synthetic_run):

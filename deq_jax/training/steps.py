@@ -91,6 +91,19 @@ def _step_key(state: TrainState) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0x4A4143)
 
 
+def branches_are_slow(mesh: Mesh) -> bool:
+    """Whether the step should avoid computing gradients inside `jax.lax.cond`: on CPU.
+
+    XLA's CPU backend runs a convolution's weight gradient inside a conditional (or
+    loop) body on a generic kernel, 5-15x slower than the same program outside one
+    (jax-ml/jax#12868): a train step of the benchmark maze model with the Jacobian
+    term drawn on half the steps took 3.3 s under `jax.lax.cond` and 0.68 s computing
+    the term every step (BUILD_NOTES "Solvers and gradients"). Accelerators keep the
+    conditional, which skips the term's cost.
+    """
+    return mesh.devices.flat[0].platform == "cpu"
+
+
 def make_train_step(
     model: Any,
     metrics_fn: TaskMetrics,
@@ -113,7 +126,9 @@ def make_train_step(
       regression: mean squared error instead of cross-entropy (no ``accuracy``).
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
-        either the regularised or the plain gradient, so skipped steps cost nothing.
+        either the regularised or the plain gradient, so skipped steps cost nothing; on
+        CPU devices (`branches_are_slow`) every step computes the term and the draw
+        masks it instead, with the same loss, gradients and metrics.
       interventions: the path-independence interventions (randomised forward budget,
         alignment penalty); ``None`` means none.
       extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
@@ -173,7 +188,7 @@ def make_train_step(
         k_jacobian, k_draw, k_budget = jax.random.split(_step_key(state), 3)
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
 
-        def objective(params, probe, net, max_iter: int | None):
+        def objective(params, probe, net, max_iter: int | None, gate: jax.Array | None):
             (outputs, stats), new_model_state = net.apply(
                 state.variables(params),
                 inputs,
@@ -197,20 +212,26 @@ def make_train_step(
             values = term_values(intermediates, terms, mask, task_loss.dtype)
             for term in net_terms(net):
                 if term.penalises:
-                    loss = loss + term.weight_at(state.step) * values[term.name]
+                    penalty = term.weight_at(state.step) * values[term.name]
+                    if gate is not None and term.name == jacobian.name:
+                        penalty = jnp.where(gate > 0, penalty, 0.0)  # a skipped step
+                    loss = loss + penalty
+            if gate is not None:  # reported as on a skipped step of `jax.lax.cond`
+                for name in jacobian.outputs:
+                    values[name] = jnp.where(gate > 0, values[name], jnp.nan)
             # The trace's length is the budget: drop it so every budget's branch agrees.
             stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
             aux = dict(task_loss=task_loss, aux_loss=aux_loss, terms=values, outputs=outputs)
             return loss, dict(aux, stats=stats, model_state=new_model_state)
 
-        def gradients(net, max_iter: int | None = None):
+        def gradients(net, max_iter: int | None = None, gate: jax.Array | None = None):
             grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
-            return grad_fn(state.params, stats_probe(), net, max_iter)
+            return grad_fn(state.params, stats_probe(), net, max_iter, gate)
 
-        def budgeted(net):
+        def budgeted(net, gate: jax.Array | None = None):
             if not pi.budgets:
-                return gradients(net)
-            branches = [lambda b=b: gradients(net, b) for b in pi.budgets]
+                return gradients(net, gate=gate)
+            branches = [lambda b=b: gradients(net, b, gate) for b in pi.budgets]
             return jax.lax.switch(budget_index, branches)
 
         budget_index = pi.draw_budget(k_budget) if pi.budgets else None
@@ -220,7 +241,10 @@ def make_train_step(
         else:
             draw = reg.draw(k_draw)
             applied = draw.astype(jnp.float32)
-            result = jax.lax.cond(draw, lambda: budgeted(regularised), lambda: budgeted(plain))
+            if branches_are_slow(mesh):
+                result = budgeted(regularised, gate=applied)
+            else:
+                result = jax.lax.cond(draw, lambda: budgeted(regularised), lambda: budgeted(plain))
         (loss, aux), (grads, probe_grad) = result
         metrics = {"loss": loss, "task_loss": aux["task_loss"]}
         if aux["aux_loss"] is not None:
