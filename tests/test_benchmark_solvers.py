@@ -62,3 +62,24 @@ def test_solver_step_cost_prints_one_ratio_per_solver():
     for r in rows:
         assert r["wall_us"] > 0 and r["cpu_us"] > 0
         np.testing.assert_allclose(r["wall_ratio"], r["wall_us"] / rows[0]["wall_us"])
+
+
+def test_branch_cost_times_conv_gradients_and_both_jacobian_draws(tmp_path):
+    proc = run_module(
+        "launch.branch_cost",
+        "--config",
+        "configs/mazes.py:benchmark,smoke",
+        "--config.regularizer.jacobian_weight=0.1",
+        "--config.regularizer.jacobian_freq=0.5",
+        f"--workdir={tmp_path}",
+        "--shape=2,5,5,4",
+        "--repeats=1",
+        "--budget=2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "branch_cost.json").read_text())
+    assert report["shape"] == [2, 5, 5, 4]
+    assert set(report["conv_gradient_ms"]) == {"plain", "in_cond", "in_scan"}
+    assert set(report["train_step_seconds"]) == {"masked", "cond"}
+    assert all(v > 0 for v in report["train_step_seconds"].values())
+    assert "lax.cond" in proc.stdout
