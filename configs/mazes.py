@@ -8,7 +8,9 @@ back onto the pixels. Trained with mixed initialisation (half the batch starts f
 zeros, half from noise), Anderson forward and Jacobian-free gradients, 4,000 steps of
 32 mazes; the final report gives pixel and whole-maze accuracy on 9x9 to 13x13 mazes at
 1x, 2x and 4x the train budget of 30 iterations (measured figures in BUILD_NOTES.md,
-"Path independence"). About 50 minutes on a shared 2-core CPU. Run it with::
+"Path independence"). It took 51 minutes on a shared 2-core CPU at commit 8f25a40,
+before its train step became 1.7x cheaper (BUILD_NOTES.md, "Solvers and gradients").
+Run it with::
 
     python -m launch.main --config configs/mazes.py --workdir /tmp/mazes
 

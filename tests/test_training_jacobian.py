@@ -278,18 +278,30 @@ def test_backward_stats_in_the_metrics(synthetic_run):
     assert float(free["bwd_nstep_mean"]) == 0 and float(free["bwd_nstep_max"]) == 0
 
 
-def test_frequency_draws_the_term_on_some_steps(synthetic_run):
-    run, batch = synthetic_run
-    reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5)
+def _train(run, batch, regularizer, steps: int):
+    """``steps`` train steps from the run's initial state: ``(params, [metrics])``."""
     step = make_train_step(
-        run.model, run.task.metrics, run.schedule, run.mesh, regression=True, regularizer=reg
+        run.model,
+        run.task.metrics,
+        run.schedule,
+        run.mesh,
+        regression=True,
+        regularizer=regularizer,
     )
     state = sharding.replicate(jax.device_get(run.state), run.mesh)
-    applied = []
-    for _ in range(12):
+    history = []
+    for _ in range(steps):
         state, m = step(state, batch)
-        applied.append(float(m["jacobian_applied"]))
-        if applied[-1]:
+        history.append(jax.device_get(m))
+    return jax.device_get(state.params), history
+
+
+def test_frequency_draws_the_term_on_some_steps(synthetic_run):
+    reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5)
+    _, history = _train(*synthetic_run, reg, 12)
+    applied = [float(m["jacobian_applied"]) for m in history]
+    for m in history:
+        if m["jacobian_applied"]:
             assert np.isfinite(m["jacobian_term"]) and m["loss"] > m["task_loss"]
         else:
             assert np.isnan(m["jacobian_term"]) and m["loss"] == m["task_loss"]
@@ -302,20 +314,11 @@ def test_masked_draw_matches_the_conditional(synthetic_run, monkeypatch):
     from deq_jax.training import steps as steps_module
 
     assert steps_module.branches_are_slow(synthetic_run[0].mesh)  # the suite runs on CPU
-    run, batch = synthetic_run
     reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5)
     runs = {}
     for gated in (True, False):
         monkeypatch.setattr(steps_module, "branches_are_slow", lambda mesh, g=gated: g)
-        step = make_train_step(
-            run.model, run.task.metrics, run.schedule, run.mesh, regression=True, regularizer=reg
-        )
-        state = sharding.replicate(jax.device_get(run.state), run.mesh)
-        history = []
-        for _ in range(12):
-            state, m = step(state, batch)
-            history.append(jax.device_get(m))
-        runs[gated] = (jax.device_get(state.params), history)
+        runs[gated] = _train(*synthetic_run, reg, 12)
     (p_gate, h_gate), (p_cond, h_cond) = runs[True], runs[False]
     applied = [float(m["jacobian_applied"]) for m in h_gate]
     assert applied == [float(m["jacobian_applied"]) for m in h_cond] and 0 < sum(applied) < 12

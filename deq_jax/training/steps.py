@@ -96,10 +96,11 @@ def branches_are_slow(mesh: Mesh) -> bool:
 
     XLA's CPU backend runs a convolution's weight gradient inside a conditional (or
     loop) body on a generic kernel, 5-15x slower than the same program outside one
-    (jax-ml/jax#12868): a train step of the benchmark maze model with the Jacobian
-    term drawn on half the steps took 3.3 s under `jax.lax.cond` and 0.68 s computing
-    the term every step (BUILD_NOTES "Solvers and gradients"). Accelerators keep the
-    conditional, which skips the term's cost.
+    (jax-ml/jax#12868): the width-64 benchmark maze model's train step with the
+    Jacobian term drawn on half the steps took 2.1 s under `jax.lax.cond` and 0.60 s
+    computing the term every step (BUILD_NOTES "Solvers and gradients",
+    `launch.branch_cost`). Accelerators keep the conditional, which skips the term's
+    cost.
     """
     return mesh.devices.flat[0].platform == "cpu"
 
@@ -128,7 +129,8 @@ def make_train_step(
         With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
         either the regularised or the plain gradient, so skipped steps cost nothing; on
         CPU devices (`branches_are_slow`) every step computes the term and the draw
-        masks it instead, with the same loss, gradients and metrics.
+        masks it instead, with the same loss, gradients and metrics while the term is
+        finite (a non-finite term on a skipped step may make `apply_if_finite` skip it).
       interventions: the path-independence interventions (randomised forward budget,
         alignment penalty); ``None`` means none.
       extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
