@@ -1,8 +1,10 @@
 """Memory and speed of a task model's train and eval steps as the forward budget grows.
 
 For each forward budget (``--budgets``) and backward mode (``--backwards``: the implicit
-``ift`` and plain backprop through the solver iterations, ``unrolled``), compiles the
-train step of the config's model on one batch of ``train.batch_size`` examples, reads
+``ift`` and plain backprop through the solver iterations, ``unrolled``, or any other
+mode's name), compiles the train step of the config's model (with its ``regularizer``
+and ``path_independence`` sections, as `launch.main` trains it) on one batch of
+``train.batch_size`` examples, reads
 XLA's memory analysis of the compiled program (``temp_size_in_bytes``: the step's
 working memory besides its arguments and outputs), then times the step and an eval
 forward pass (median of ``--repeats`` calls after the compile). Every solve runs its

@@ -5,7 +5,7 @@
 # recipe convergent (weight 0.1 on half the steps; BUILD_NOTES "Mazes"), run side by
 # side, then `launch.seed_report` scores each seed's checkpoint kept on 11x11 validation
 # on 13x13, 15x15 and 21x21 mazes at 1x, 2x and 4x the train budget: issue 35's goal is
-# 13x13 >= 0.99 at 2x (the 2-core CPU reached 0.950 at width 48 in 3,000 steps).
+# 13x13 >= 0.99 at 2x (the 2-core CPU reached 0.960 at width 64 in 3,000 steps).
 #
 #   bash launch/device/mazes_benchmark.sh OUT_DIR [TRAIN_SECONDS]
 #
@@ -14,7 +14,7 @@
 # three runs sharing the chip. Writes OUT_DIR/seed{0,1,2}/ (each run's workdir),
 # OUT_DIR/seed{0,1,2}.log, OUT_DIR/seed_report.{json,md} and OUT_DIR/report.log.
 # CONFIG (default configs/mazes.py:benchmark,gpu), EXTRA (more --config flags for every
-# run), SPLITS and MAX_ITERS change what runs; on a CPU, in a minute:
+# run), SPLITS and MAX_ITERS change what runs; on a CPU, in a few minutes:
 #   CONFIG=configs/mazes.py:benchmark,smoke SPLITS=test_5,test_7 MAX_ITERS=4,8 \
 #     bash launch/device/mazes_benchmark.sh /tmp/mzb 20
 # On a lent machine (device tool `run`, carry [".whl"]; the wheels from
