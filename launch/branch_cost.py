@@ -29,7 +29,6 @@ Usage (as recorded in BUILD_NOTES.md)::
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 
 from absl import flags
@@ -44,15 +43,8 @@ _BACKWARD = flags.DEFINE_string("backward", "jacobian_free", "Backward mode of t
 
 
 def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    import jax
-    import numpy as np
-
-    times = []
-    for _ in range(repeats + 1):  # the first call is a warm-up (and the compile)
-        began = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - began)
-    return 1e3 * float(np.median(times[1:]))
+    """`launch.step_cost`'s median after a warm-up, in milliseconds."""
+    return 1e3 * step_cost._median_seconds(fn, repeats)
 
 
 def conv_gradient_ms(shape: Sequence[int], repeats: int) -> dict[str, float]:
