@@ -282,9 +282,9 @@ def test_configs_pin_random_start_and_the_benchmark_variant_uses_from_start():
     task = tasks.get(**bench_smoke.task.to_dict())
     assert task.config.generator == "from_start" and task.config.files_dir == ""
     assert "--config configs/mazes.py:benchmark" in maze_config.__doc__
-    # The accelerator size: deep-thinking's width and data, selection on 11x11; smoke
+    # The accelerator size: deep-thinking's width and data, selection on 13x13; smoke
     # still shrinks it to seconds.
     gpu, gpu_smoke = (maze_config.get_config(a) for a in ("benchmark,gpu", "benchmark,gpu,smoke"))
     assert gpu.task.generator == "from_start" and gpu.model.width == 128
-    assert (gpu.task.train_size, gpu.task.val_maze_size) == (50_000, 11)
+    assert (gpu.task.train_size, gpu.task.val_maze_size) == (50_000, 13)
     assert gpu_smoke.model.width == 8 and gpu_smoke.train.steps == smoke.train.steps
