@@ -50,6 +50,7 @@ def test_mazes_benchmark_script_fits_steps_trains_three_seeds_and_reports(tmp_pa
         SPLITS="test_5,test_7",
         MAX_ITERS="4,8",
         EXTRA="--config.task.train_size=48",
+        EVALS="4",
     )
     (steps,) = re.findall(r"3 seeds of (\d+) steps each", done.stdout)
     assert int(steps) >= 20  # the floor of the fit
@@ -62,3 +63,4 @@ def test_mazes_benchmark_script_fits_steps_trains_three_seeds_and_reports(tmp_pa
         config = json.loads((out / f"seed{seed}" / "config.json").read_text())
         assert config["train"]["steps"] == int(steps) and config["train"]["seed"] == seed
         assert config["task"]["train_size"] == 48  # EXTRA reaches every run
+        assert config["eval"]["every_steps"] == int(steps) // 4  # EVALS validations

@@ -3,8 +3,9 @@
 # width on one accelerator, sized to a wall-clock budget: three seeds of
 # `configs/mazes.py:benchmark,gpu` with the Jacobian penalty that keeps the benchmark
 # recipe convergent (weight 0.1 on half the steps; BUILD_NOTES "Mazes"), run side by
-# side, then `launch.seed_report` scores each seed's checkpoint kept on 11x11 validation
-# on 13x13, 15x15 and 21x21 mazes at 1x, 2x and 4x the train budget: issue 35's goal is
+# side, then `launch.seed_report` scores each seed's checkpoint kept as best on 500
+# validation mazes of 13x13 (not the test ones) on the 13x13, 15x15 and 21x21 test mazes
+# at 1x, 2x and 4x the train budget: issue 35's goal is
 # 13x13 >= 0.99 at 2x. On one H200 `bash launch/device/mazes_benchmark.sh /tmp/mzb 230`
 # ran in 5.8 minutes (5,160 steps a seed) and scored 0.983 +- 0.005 (BUILD_NOTES "Mazes").
 #
@@ -15,7 +16,8 @@
 # three runs sharing the chip. Writes OUT_DIR/seed{0,1,2}/ (each run's workdir),
 # OUT_DIR/seed{0,1,2}.log, OUT_DIR/seed_report.{json,md} and OUT_DIR/report.log.
 # CONFIG (default configs/mazes.py:benchmark,gpu), EXTRA (more --config flags for every
-# run), SPLITS and MAX_ITERS change what runs; on a CPU, in a few minutes:
+# run), EVALS (validations a run, default 10; the score swings between them), SPLITS and
+# MAX_ITERS change what runs; on a CPU, in a few minutes:
 #   CONFIG=configs/mazes.py:benchmark,smoke SPLITS=test_5,test_7 MAX_ITERS=4,8 \
 #     bash launch/device/mazes_benchmark.sh /tmp/mzb 20
 # On a lent machine (device tool `run`, carry [".whl"]; the wheels from
@@ -42,7 +44,8 @@ flags+=(${EXTRA:-})
   --backwards jacobian_free --repeats 5 "${flags[@]}" 2>&1 | tail -3
 step_s=$("$py" -c "import json; print(json.load(open('$out/cost/step_cost.json'))['rows'][0]['train_seconds'])")
 steps=$("$py" -c "print(max(20, int($seconds / ($step_s * ${#seeds[@]} * 1.3)) // 20 * 20))")
-every=$((steps / 10))
+evals=${EVALS:-10}
+every=$((steps / evals > 0 ? steps / evals : 1))
 flags+=(--config.train.steps="$steps" --config.train.warmup_steps=$((steps / 30 + 1))
   --config.eval.every_steps="$every" --config.ckpt.every_steps="$every"
   --config.log.every_steps="$every")
