@@ -45,10 +45,13 @@ Sections:
     infinite is skipped, its parameters and optimiser state left unchanged, logged and
     counted in the ``skipped_steps`` metric; this many in a row stop the run with
     `deq_jax.training.NonFiniteLossError`, the last good checkpoint kept; 1 stops at
-    the first) and ``distributed`` (call `jax.distributed.initialize()` first, for
-    multi-host runs; ``coordinator_address``, ``num_processes`` and ``process_id``
-    are auto-detected on TPU pods and SLURM when left empty, 0 and -1;
-    ``heartbeat_timeout_s`` bounds how long the other processes wait after one dies).
+    the first), ``ema_decay`` (above 0, e.g. 0.999: evaluation, model selection and
+    the report use an exponential moving average of the weights, kept in the optimiser
+    state and its checkpoints; `deq_jax.training.optim.weight_average`) and ``distributed`` (call
+    `jax.distributed.initialize()` first, for multi-host runs; ``coordinator_address``,
+    ``num_processes`` and ``process_id`` are auto-detected on TPU pods and SLURM when
+    left empty, 0 and -1; ``heartbeat_timeout_s`` bounds how long the other processes
+    wait after one dies).
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget (on every batch of each split, or
@@ -57,6 +60,8 @@ Sections:
     state with the best ``select_metric`` (``"max"`` or ``"min"``: ``select_mode``) on
     ``select_split`` is kept in ``checkpoints_best/``, and the final report scores it;
     empty values are the task's (its first eval split, `Task.selection_metric`).
+    ``score_raw_weights`` (with ``train.ema_decay > 0``) also scores the raw weights
+    at each periodic evaluation, logged as ``{split}_raw`` and never selected on.
   regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
     (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
@@ -269,6 +274,7 @@ def get_config() -> ConfigDict:
             pretrain_steps=0,
             stop_at_step=0,
             max_nonfinite_steps=5,
+            ema_decay=0.0,
             distributed=False,
             coordinator_address="",
             num_processes=0,
@@ -288,6 +294,7 @@ def get_config() -> ConfigDict:
             select_split="",
             select_metric="",
             select_mode="",
+            score_raw_weights=False,
         )
     )
 

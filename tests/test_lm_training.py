@@ -145,6 +145,23 @@ def test_resume_is_exact(corpus, trained, tmp_path):
     )
 
 
+def test_weight_averaging_leaves_training_alone_and_logs_the_raw_weights(corpus, trained, tmp_path):
+    _, result, _ = trained
+    config = smoke_config(corpus, ema_decay=0.5)
+    config.eval.update(dict(max_batches=0, score_raw_weights=True))
+    lines = []
+    averaged = train_language_model(config, str(tmp_path), emit=lines.append)
+    jax.tree_util.tree_map(  # the same trained weights, their average beside them
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+        jax.device_get(averaged.state.params),
+        jax.device_get(result.state.params),
+    )
+    assert averaged.state.has_average
+    splits = {record["split"] for record in writers.read_metrics(str(tmp_path))}
+    assert {"valid", "valid_raw"} <= splits
+    assert any(line.startswith("eval step 2 valid_raw: ") for line in lines)
+
+
 @pytest.mark.slow  # the main loop's test_a_larger_train_steps_continues... in CI form:
 # test_earlier_report_is_the_one_written_at_or_before_the_restored_step
 def test_a_larger_train_steps_continues_and_keeps_the_time(corpus, trained, tmp_path):

@@ -65,7 +65,8 @@ class AlternatingSolver:
           The model with the neural solver and its learned initialiser.
         """
         spec, first = self.spec, self.fitted is None
-        variables = jax.device_get(state.variables())
+        # The weights being trained (the solver runs in their training solves too).
+        variables = jax.device_get(state.variables(state.params))
         frozen = FrozenDEQ(
             self.model,
             variables,

@@ -221,6 +221,11 @@ class Checkpointer:
             listed = problems[:_MAX_LISTED]
             if len(problems) > _MAX_LISTED:
                 listed.append(f"... and {len(problems) - _MAX_LISTED} more")
+            if any(re.match(r"opt_state/(\S+/)?average/", line) for line in problems):
+                listed.append(
+                    "(opt_state/.../average: the checkpoint and the config differ in weight "
+                    "averaging, train.ema_decay 0 against > 0)"
+                )
             raise CheckpointMismatchError(
                 f"The checkpoint at step {step} in {self.directory} does not fit the model "
                 "this config builds:\n  " + "\n  ".join(listed) + "\nUse a fresh --workdir, or "

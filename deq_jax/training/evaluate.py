@@ -31,6 +31,9 @@ from deq_jax.training.state import TrainState
 from deq_jax.training.writers import write_json
 
 REPORT_FILE = "length_generalization.json"
+# With ``eval.score_raw_weights`` (and ``train.ema_decay > 0``) the periodic evaluation
+# also scores the raw weights, logged under the split's name plus this suffix.
+RAW_SUFFIX = "_raw"
 
 # The keys a batch needs on device; everything else (e.g. "index") stays on the host.
 DEVICE_KEYS = ("inputs", "targets", "mask")

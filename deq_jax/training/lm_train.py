@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from deq_jax.training.evaluate import RAW_SUFFIX
 from deq_jax.training.lm_evaluate import StreamEvaluator, lm_device_batch
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
@@ -139,12 +140,16 @@ def train_language_model(
 
     def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
         evaluator.max_batches = 0 if full else ec.max_batches
-        results, evaluated = {}, state if scored is None else scored
+        evaluated, results = state if scored is None else scored, {}
+        weights = {"": evaluated}  # by split suffix; the raw weights are never selected on
+        if evaluated.has_average and ec.get("score_raw_weights", False):
+            weights[RAW_SUFFIX] = evaluated.without_average()
         for split in eval_splits:
-            metrics = evaluator.evaluate(evaluated, split, mode=phase(step))
-            results[split] = metrics
-            writer.write(step, split, metrics)
-            emit(f"eval step {step} {split}: {_format(metrics)}")
+            for suffix, scored_weights in weights.items():
+                metrics = evaluator.evaluate(scored_weights, split, mode=phase(step))
+                results.setdefault(split, metrics)  # the average's (or the only weights')
+                writer.write(step, split + suffix, metrics)
+                emit(f"eval step {step} {split + suffix}: {_format(metrics)}")
         progress.restart_clock(step)
         return results
 

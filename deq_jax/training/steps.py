@@ -295,7 +295,7 @@ def make_spectral_step(
     def spectral_step(state: TrainState, batch: dict[str, jax.Array]):
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: _step_key(state)}
         _, new_state = probe.apply(
-            state.variables(),
+            state.variables(state.params),  # the weights being trained, not their average
             batch["inputs"],
             train=True,
             rngs=rngs,

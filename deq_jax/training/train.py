@@ -13,6 +13,9 @@ it continues. A task without ``num_classes`` is trained as a regression (mean sq
 error), and the ``regularizer`` section adds the Jacobian regulariser and logs the
 spectral radius (`deq_jax.training.regularizer`); ``neural_solver.alternating``
 interleaves neural-solver fits with the DEQ's training (`deq_jax.training.alternating`).
+``train.ema_decay > 0`` keeps a moving average of the weights (`deq_jax.training.optim`),
+which evaluation, selection and the report score; ``eval.score_raw_weights`` also scores
+the raw weights at each periodic evaluation (``{split}_raw``, never selected on).
 
 Files in the workdir: ``checkpoints/`` (orbax), ``checkpoints_best/`` (the best
 state and its record), ``metrics.jsonl``, ``tensorboard/``,
@@ -294,11 +297,16 @@ def train_and_evaluate(
         """Every eval split of ``scored`` (default: the current state) at ``step``."""
         if full:
             evaluator.max_batches = 0
-        results, evaluated = {}, state if scored is None else scored
+        evaluated, results = state if scored is None else scored, {}
+        weights = {"": evaluated}  # by split suffix; the raw weights are never selected on
+        if evaluated.has_average and config.eval.get("score_raw_weights", False):
+            weights[evaluate.RAW_SUFFIX] = evaluated.without_average()
         for split in eval_splits:
-            results[split] = metrics = evaluator.evaluate(evaluated, split)
-            writer.write(step, split, metrics)
-            emit(f"eval step {step} {split}: {evaluate.short_metrics(metrics)}")
+            for suffix, scored_weights in weights.items():
+                metrics = evaluator.evaluate(scored_weights, split)
+                results.setdefault(split, metrics)  # the average's (or the only weights')
+                writer.write(step, split + suffix, metrics)
+                emit(f"eval step {step} {split + suffix}: {evaluate.short_metrics(metrics)}")
         progress.restart_clock(step)
         return results
 
