@@ -287,4 +287,6 @@ def test_configs_pin_random_start_and_the_benchmark_variant_uses_from_start():
     gpu, gpu_smoke = (maze_config.get_config(a) for a in ("benchmark,gpu", "benchmark,gpu,smoke"))
     assert gpu.task.generator == "from_start" and gpu.model.width == 128
     assert (gpu.task.train_size, gpu.task.val_maze_size) == (50_000, 13)
+    assert gpu.train.ema_decay == 0.999 and gpu.eval.score_raw_weights  # averaged weights
+    assert bench.train.ema_decay == 0.0  # the CPU figures' recipe, unchanged
     assert gpu_smoke.model.width == 8 and gpu_smoke.train.steps == smoke.train.steps

@@ -7,7 +7,9 @@
 # validation mazes of 13x13 (not the test ones) on the 13x13, 15x15 and 21x21 test mazes
 # at 1x, 2x and 4x the train budget: issue 35's goal is 13x13 >= 0.99 at 2x. On one H200
 # `bash launch/device/mazes_benchmark.sh /tmp/mzb 230` ran in 5.8 minutes (5,160 steps a
-# seed) and scored 0.983 +- 0.005 (BUILD_NOTES "Mazes").
+# seed) and scored 0.983 +- 0.005 (BUILD_NOTES "Mazes"), before the `gpu` variant averaged
+# the weights (train.ema_decay=0.999); that run is now
+# EXTRA="--config.train.ema_decay=0 --config.eval.score_raw_weights=false".
 #
 #   bash launch/device/mazes_benchmark.sh OUT_DIR [TRAIN_SECONDS]
 #
