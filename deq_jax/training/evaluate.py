@@ -35,6 +35,17 @@ REPORT_FILE = "length_generalization.json"
 # also scores the raw weights, logged under the split's name plus this suffix.
 RAW_SUFFIX = "_raw"
 
+
+def weights_to_score(state: TrainState, eval_config: Any) -> dict[str, TrainState]:
+    """The periodic evaluation's weights by split suffix: ``{"": state}``, plus the raw
+    weights under `RAW_SUFFIX` when the state keeps an average and
+    ``eval.score_raw_weights`` is on (logged only, never selected on)."""
+    weights = {"": state}
+    if state.has_average and eval_config.get("score_raw_weights", False):
+        weights[RAW_SUFFIX] = state.without_average()
+    return weights
+
+
 # The keys a batch needs on device; everything else (e.g. "index") stays on the host.
 DEVICE_KEYS = ("inputs", "targets", "mask")
 

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from deq_jax.training.evaluate import RAW_SUFFIX
+from deq_jax.training.evaluate import weights_to_score
 from deq_jax.training.lm_evaluate import StreamEvaluator, lm_device_batch
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
@@ -140,10 +140,8 @@ def train_language_model(
 
     def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
         evaluator.max_batches = 0 if full else ec.max_batches
-        evaluated, results = state if scored is None else scored, {}
-        weights = {"": evaluated}  # by split suffix; the raw weights are never selected on
-        if evaluated.has_average and ec.get("score_raw_weights", False):
-            weights[RAW_SUFFIX] = evaluated.without_average()
+        results = {}
+        weights = weights_to_score(state if scored is None else scored, ec)
         for split in eval_splits:
             for suffix, scored_weights in weights.items():
                 metrics = evaluator.evaluate(scored_weights, split, mode=phase(step))

@@ -297,10 +297,8 @@ def train_and_evaluate(
         """Every eval split of ``scored`` (default: the current state) at ``step``."""
         if full:
             evaluator.max_batches = 0
-        evaluated, results = state if scored is None else scored, {}
-        weights = {"": evaluated}  # by split suffix; the raw weights are never selected on
-        if evaluated.has_average and config.eval.get("score_raw_weights", False):
-            weights[evaluate.RAW_SUFFIX] = evaluated.without_average()
+        results = {}
+        weights = evaluate.weights_to_score(state if scored is None else scored, config.eval)
         for split in eval_splits:
             for suffix, scored_weights in weights.items():
                 metrics = evaluator.evaluate(scored_weights, split)
