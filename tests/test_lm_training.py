@@ -151,12 +151,21 @@ def test_weight_averaging_leaves_training_alone_and_logs_the_raw_weights(corpus,
     config.eval.update(dict(max_batches=0, score_raw_weights=True))
     lines = []
     averaged = train_language_model(config, str(tmp_path), emit=lines.append)
-    jax.tree_util.tree_map(  # the same trained weights, their average beside them
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+    # The same trained weights, their average beside them. The two train steps are
+    # different programs (the averaging's ops join the update), which XLA may round
+    # differently; the average itself is far outside the tolerance.
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
         jax.device_get(averaged.state.params),
         jax.device_get(result.state.params),
     )
     assert averaged.state.has_average
+    moved = jax.tree_util.tree_map(
+        lambda a, b: float(np.max(np.abs(a - b))),
+        jax.device_get(averaged.state.eval_params),
+        jax.device_get(averaged.state.params),
+    )
+    assert max(jax.tree_util.tree_leaves(moved)) > 1e-4
     splits = {record["split"] for record in writers.read_metrics(str(tmp_path))}
     assert {"valid", "valid_raw"} <= splits
     assert any(line.startswith("eval step 2 valid_raw: ") for line in lines)

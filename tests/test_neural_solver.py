@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from problems import jit_as_users_compile
 
 import deq_jax as dj
 from deq_jax import neural_solver as ns
@@ -320,15 +321,17 @@ def test_anderson_after_switches_at_its_step():
     learned = ns.init_neural_solver(key, (D,), tol=1e-30, max_iter=12)
     handed = learned.replace(anderson_after=4)
     z0 = jnp.zeros((B, D))
-    a = _solve(f, z0, bias, learned).stats.trace
-    b = _solve(f, z0, bias, handed).stats.trace
+    solve = jit_as_users_compile(_solve.__wrapped__, static_argnums=(0, 3))
+    a = solve(f, z0, bias, learned).stats.trace
+    b = solve(f, z0, bias, handed).stats.trace
     np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-5)
     assert float(jnp.mean(b[:, -1])) < 0.1 * float(jnp.mean(a[:, -1]))
     # The while loop runs the hand-over's stretches (no per-step switch between the
     # parts); the iterates are those of the switching steps that "scan" takes.
     assert [p.stay is None for p in handed.phases()] == [False, False, True]
     fn = lambda z: f(z, bias)
-    runs = {loop: dj.solvers.iterate(handed, fn, z0, loop) for loop in ("while", "scan")}
+    iterate = jit_as_users_compile(dj.solvers.iterate, static_argnums=(0, 1, 3))
+    runs = {loop: iterate(handed, fn, z0, loop) for loop in ("while", "scan")}
     np.testing.assert_allclose(runs["while"][0], runs["scan"][0], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(runs["while"][1].trace, runs["scan"][1].trace, rtol=1e-5)
     # Unrolled past the switch for training, the learned steps still get gradients.
