@@ -38,7 +38,7 @@ def test_sequence_is_its_parts_one_after_the_other(jit, x64):
     # Anderson started afresh at the fourth iterate. Traces: the first 4 evaluations
     # are iteration's, the rest Anderson's from z3 (whose first evaluation is f(z3)).
     # In float64 (x64): the eager run (each op a program of its own) and the compiled
-    # ones then agree far below the tolerances, whatever XLA's emitters round alike.
+    # ones agree far below the tolerances, however XLA's emitters round each program.
     w, x = args = tanh_problem(jax.random.PRNGKey(0), batch=B, d=D, norm=0.9)
     fn = lambda z: tanh_cell(z, args)
     tol, budget = 1e-30, 12
