@@ -15,8 +15,10 @@ Variants (``:a,b``): ``smoke`` (a few steps on a narrow model, under a minute),
 ``explicit`` (the same network weight-tied and unrolled ``n_layer`` steps, backprop:
 the explicit baseline), ``jacobian`` (the Jacobian regulariser of Bai et al. 2021),
 ``torchdeq`` (torchdeq's recipe: a few damped phantom-gradient steps instead of the
-IFT), ``broyden`` (Broyden forward, as locuslab), ``gpu`` (20 epochs instead of 6.6).
-MDEQ-TINY needs an accelerator: on 2 CPU cores one epoch takes hours (BUILD_NOTES).
+IFT), ``broyden`` (Broyden forward, as locuslab), ``gpu`` (20 epochs instead of 6.6),
+``cpu`` (half an epoch of 32-image batches, about 35 minutes on 2 CPU cores; the final
+report at the training budget only). The default's 6.6 epochs take about 8 hours on 2
+CPU cores (16 training images/s at batch 32, BUILD_NOTES): an accelerator's job.
 The throughput and the memory of a training step::
 
     python -m launch.step_cost --config configs/mdeq_fashion_mnist.py --workdir /tmp/cost
@@ -32,7 +34,7 @@ from ml_collections import ConfigDict
 
 from configs import default
 
-VARIANTS = ("smoke", "explicit", "jacobian", "torchdeq", "broyden", "gpu")
+VARIANTS = ("smoke", "explicit", "jacobian", "torchdeq", "broyden", "gpu", "cpu")
 
 
 def variants(arg: str | None) -> tuple[str, ...]:
@@ -135,6 +137,13 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.eval.update(dict(every_steps=2_150))
         config.ckpt.every_steps = 2_150
         config.log.every_steps = 200
+    if "cpu" in names:  # about 35 minutes on 2 CPU cores: half an epoch of 32-image batches
+        config.train.update(dict(steps=900, batch_size=32, warmup_steps=45))
+        if config.model.mode == "deq":
+            config.train.pretrain_steps = 110
+        config.eval.update(dict(every_steps=450, max_batches=2, budget_multipliers=(1,)))
+        config.ckpt.every_steps = 450
+        config.log.every_steps = 50
     if "smoke" in names:
         mdeq_smoke(config, valid_size=1_000)
     return config

@@ -85,3 +85,45 @@ def test_branch_cost_times_conv_gradients_and_both_jacobian_draws(tmp_path):
     assert set(report["train_step_seconds"]) == {"masked", "cond"}
     assert all(v > 0 for v in report["train_step_seconds"].values())
     assert "lax.cond" in proc.stdout
+
+
+def test_conv_cost_times_both_derivatives_and_both_train_steps(tmp_path):
+    # the prefix-sum smoke model: 1-d convolutions, the cheapest conv DEQ to compile
+    proc = run_module(
+        "launch.conv_cost",
+        "--config",
+        "configs/prefix_sum.py:smoke",
+        f"--workdir={tmp_path}",
+        "--shapes=2,5,5,3,4",
+        "--loop_steps=2",
+        "--repeats=1",
+        "--step_budget=2",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "conv_cost.json").read_text())
+    ms = report["convolutions"]["2,5,5,3,4"]
+    assert set(ms) == {"lax", "deq_jax"}
+    for times in ms.values():
+        assert set(times) == {"forward", "input_vjp_in_loop", "weight_vjp"}
+        assert all(t > 0 for t in times.values())
+    step = report["train_step"]
+    assert step["budget"] == 2 and step["backward"] == "ift"
+    assert all(step[k]["train_seconds"] > 0 and step[k]["temp_bytes"] > 0 for k in ms)
+    assert "train step (batch" in proc.stdout
+
+
+def test_conv_cost_times_lax_with_the_fast_path_off():
+    import jax
+
+    from deq_jax.nn import conv as conv_lib
+    from launch import conv_cost
+
+    x, w = jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 2, 2))
+    conv = lambda x: conv_lib.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    traced = lambda: str(jax.make_jaxpr(lambda x: conv(x))(x))  # a new function: no cache
+    assert "custom_jvp_call" in traced()
+    with conv_cost.lax_derivatives():
+        assert "custom_jvp_call" not in traced()
+    assert "custom_jvp_call" in traced()

@@ -24,6 +24,7 @@ import flax.linen as nn
 import jax
 
 from deq_jax.nn.cells import Conv1DCell
+from deq_jax.nn.conv import Conv
 from deq_jax.nn.deq import DEQ
 from deq_jax.nn.spec import DEQSpec
 from deq_jax.solvers.base import SolverStats
@@ -71,7 +72,7 @@ class RecallDEQ(nn.Module):
             )
         x = self.to_cell_grid(x)  # [B, *grid, C']
         window = (self.kernel_size,) * spatial_dims
-        conv = lambda features, name: nn.Conv(
+        conv = lambda features, name: Conv(
             features, window, padding="SAME", use_bias=False, name=name
         )
         u = nn.relu(conv(self.width, "project")(x))  # [B, *grid, width]

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 
 from deq_jax.nn.cells import Conv2DCell
+from deq_jax.nn.conv import Conv
 from deq_jax.nn.deq import DEQ
 from deq_jax.nn.spec import DEQSpec
 from deq_jax.solvers.base import SolverStats
@@ -64,7 +65,7 @@ class DigitsDEQ(nn.Module):
         the `DEQ` call."""
         if x.ndim != 4:
             raise ValueError(f"DigitsDEQ expects inputs [B, H, W, C], got shape {x.shape}.")
-        u = nn.Conv(self.width, (3, 3), padding="SAME", name="project")(x)  # [B, H, W, width]
+        u = Conv(self.width, (3, 3), padding="SAME", name="project")(x)  # [B, H, W, width]
         cell = Conv2DCell(
             self.width,
             num_blocks=self.num_blocks,

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from deq_jax.neural_solver.state_shape import StateShape, is_multiscale, state_size
+from deq_jax.nn.conv import Conv
 from deq_jax.solvers.anderson import anderson_step, anderson_weights, update_gram
 
 POOLS = ("mean", "last")
@@ -100,8 +101,8 @@ class HyperAndersonNet(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array | None]:
         """``x [B, n, F]`` (zero on empty slots), ``valid [n]`` -> ``(a [B, n], beta [B])``."""
-        h = nn.relu(nn.Conv(self.hidden, (self.kernel_size,), padding="SAME")(x))
-        h = nn.relu(nn.Conv(self.hidden, (self.kernel_size,), padding="SAME")(h))  # [B, n, H]
+        h = nn.relu(Conv(self.hidden, (self.kernel_size,), padding="SAME")(x))
+        h = nn.relu(Conv(self.hidden, (self.kernel_size,), padding="SAME")(h))  # [B, n, H]
         h = h * valid[None, :, None]
         a = nn.Dense(1, kernel_init=nn.initializers.zeros)(h)[..., 0]  # [B, n]
         if not self.predict_beta:

@@ -31,6 +31,7 @@ import flax.linen as nn
 import jax
 
 from deq_jax.neural_solver.params import FrozenParams
+from deq_jax.nn.conv import Conv
 
 INITIALIZER_KINDS = ("sequence", "image", "vector", "multiscale")
 
@@ -82,7 +83,7 @@ class SequenceInitializer(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         _check_rank(x, 3, "SequenceInitializer", "[B, L, C]")
         hidden = self.features if self.hidden is None else self.hidden
-        h = nn.Conv(hidden, (self.kernel_size,), padding=((self.kernel_size - 1, 0),))(x)
+        h = Conv(hidden, (self.kernel_size,), padding=((self.kernel_size - 1, 0),))(x)
         return nn.Dense(self.features, kernel_init=_zeros, bias_init=_zeros)(nn.relu(h))
 
 
@@ -101,7 +102,7 @@ class ImageInitializer(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         _check_rank(x, 4, "ImageInitializer", "[B, H, W, C]")
         k = (self.kernel_size, self.kernel_size)
-        return nn.Conv(self.features, k, padding="SAME", kernel_init=_zeros, bias_init=_zeros)(x)
+        return Conv(self.features, k, padding="SAME", kernel_init=_zeros, bias_init=_zeros)(x)
 
 
 class VectorInitializer(nn.Module):
@@ -145,7 +146,7 @@ class MultiscaleInitializer(nn.Module):
                     f"divisible by {factor}, got {x.shape}."
                 )
             xi = nn.avg_pool(x, (factor, factor), strides=(factor, factor)) if i else x
-            conv = nn.Conv(channels, k, padding="SAME", kernel_init=_zeros, bias_init=_zeros)
+            conv = Conv(channels, k, padding="SAME", kernel_init=_zeros, bias_init=_zeros)
             out.append(conv(xi))  # [B, H / 2^i, W / 2^i, C_i]
         return tuple(out)
 

@@ -4,6 +4,8 @@
 as its `DEQSpec` says (solver, backward mode, initial state, budgets); the
 cells (`MLPCell`, `Conv1DCell`, `Conv2DCell`), weight and spectral normalisation and
 `VariationalDropout` (one mask for every iteration) are building blocks for cells.
+Every convolution layer is built on `conv_general_dilated` (`Conv` is flax's layer on
+it): lax's convolution, whose derivatives XLA:CPU runs fast inside loops.
 `deq_call`, `outputs_at` and `settled_apply` intercept a whole model's DEQ call;
 `run_tied` and `run_untied` unroll cells explicitly (weight-tied and untied stacks).
 
@@ -12,6 +14,7 @@ References:
 """
 
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
+from deq_jax.nn.conv import Conv, conv_general_dilated
 from deq_jax.nn.deq import DEQ, EquilibriumProblem, spec_of, with_terms
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.intercept import DEQCall, argmax_answer, deq_call, outputs_at, settled_apply
@@ -25,6 +28,7 @@ __all__ = [
     "DEQCall",
     "DEQSpec",
     "Z_INITS",
+    "Conv",
     "Conv1DCell",
     "Conv2DCell",
     "EquilibriumProblem",
@@ -34,6 +38,7 @@ __all__ = [
     "WeightNormConv",
     "WeightNormDense",
     "argmax_answer",
+    "conv_general_dilated",
     "deq_call",
     "initial_state",
     "outputs_at",

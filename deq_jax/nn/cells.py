@@ -30,6 +30,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax.nn.conv import Conv
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.norms import WeightNormConv, WeightNormDense
 from deq_jax.nn.state import float_dtype, state_like
@@ -146,7 +147,7 @@ class _ConvCell(nn.Module):
                 param_dtype=self.param_dtype,
             )
         else:
-            layer = nn.Conv(
+            layer = Conv(
                 self.width,
                 window,
                 padding="SAME",

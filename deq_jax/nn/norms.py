@@ -32,6 +32,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax.nn.conv import conv_general_dilated
+
 Initializer = Callable[..., jax.Array]
 
 
@@ -139,7 +141,7 @@ class WeightNormConv(nn.Module):
             rhs_spec=(n + 1, n, *range(n)),
             out_spec=(0, n + 1, *spatial),
         )
-        y = jax.lax.conv_general_dilated(x, w, strides, self.padding, dimension_numbers=numbers)
+        y = conv_general_dilated(x, w, strides, self.padding, dimension_numbers=numbers)
         if self.use_bias:
             y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype)
         return y

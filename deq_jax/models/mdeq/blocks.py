@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from deq_jax.nn.conv import Conv
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.norms import WeightNormConv
 
@@ -56,7 +57,7 @@ def conv(
             kernel_init=CONV_INIT,
             name=name,
         )
-    return nn.Conv(
+    return Conv(
         features,
         (kernel, kernel),
         strides=strides,

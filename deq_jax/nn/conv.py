@@ -1,0 +1,232 @@
+"""A convolution whose gradients XLA:CPU runs on its fast kernels, even inside loops.
+
+`conv_general_dilated` is a drop-in for `jax.lax.conv_general_dilated`, and `Conv` is
+`flax.linen.Conv` built on it (every convolution layer of deq_jax uses one of the two).
+Its value is the lax convolution's, bit for bit. What changes, on the CPU backend and
+for the convolutions of equilibrium cells (channels last, stride 1, no dilation, one
+feature group, padding between 0 and ``k - 1`` on each side), is the program its
+derivatives compile to:
+
+* **The input gradient** (what an implicit backward solve evaluates at every iteration)
+  is one ordinary convolution of the cotangent with the flipped kernel whose input and
+  output channels are swapped. JAX's own transpose rule writes the same product as a
+  convolution with a reversed kernel and swapped dimension numbers; XLA:CPU runs that
+  form on its fast kernel in straight-line code but on a generic one inside a
+  ``while``/``scan`` body (jax-ml/jax#12868): 5-30x slower per call, measured in
+  BUILD_NOTES ("Convolution gradients inside control flow on XLA:CPU").
+* **The weight gradient** is a sum over the kernel's taps of matrix products of a
+  shifted input window with the cotangent, instead of XLA:CPU's generic
+  weight-gradient convolution.
+
+Both are ordinary differentiable operations, so higher derivatives (the Jacobian
+regulariser differentiates a VJP) stay exact. Forward-mode products (`jax.jvp`,
+`jax.linearize`) remain correct but evaluate the input part in JAX's transposed form,
+the slow one inside loops on the CPU: they serve diagnostics such as the spectral
+radius, not training. Other backends, and any other convolution, get
+`jax.lax.conv_general_dilated` unchanged; the backend is read when the function is
+traced (`jax.default_backend`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+Padding = str | Sequence[tuple[int, int]]
+Pads = tuple[tuple[int, int], ...]
+Strides = tuple[int, ...]
+
+
+def _channels_last_numbers(ndim: int) -> jax.lax.ConvDimensionNumbers:
+    """``[B, *spatial, C]`` inputs and outputs, ``[*window, in, out]`` kernels."""
+    spatial = tuple(range(1, ndim - 1))
+    return jax.lax.ConvDimensionNumbers(
+        lhs_spec=(0, ndim - 1, *spatial),
+        rhs_spec=(ndim - 1, ndim - 2, *range(ndim - 2)),
+        out_spec=(0, ndim - 1, *spatial),
+    )
+
+
+def _is_channels_last(numbers: Any, lhs: jax.Array, rhs: jax.Array) -> bool:
+    expected = _channels_last_numbers(lhs.ndim)
+    if numbers is None:
+        return False
+    if not isinstance(numbers, jax.lax.ConvDimensionNumbers):
+        numbers = jax.lax.conv_dimension_numbers(lhs.shape, rhs.shape, numbers)
+    return tuple(map(tuple, numbers)) == tuple(map(tuple, expected))
+
+
+def _ones(value: Any) -> bool:
+    return value is None or all(int(v) == 1 for v in value)
+
+
+def _explicit_pads(
+    lhs: jax.Array, rhs: jax.Array, strides: Sequence[int], padding: Padding
+) -> tuple[tuple[int, int], ...]:
+    if isinstance(padding, str):
+        pads = jax.lax.padtype_to_pads(lhs.shape[1:-1], rhs.shape[:-2], strides, padding)
+    else:
+        pads = padding
+    return tuple((int(lo), int(hi)) for lo, hi in pads)
+
+
+def fast_path_applies(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides: Sequence[int],
+    padding: Padding,
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: Any = None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    preferred_element_type: Any = None,
+) -> bool:
+    """Whether `conv_general_dilated` takes its CPU-friendly derivative for this call.
+
+    True on the CPU backend for a channels-last convolution (``[B, *spatial, C]`` with a
+    ``[*window, in, out]`` kernel) with stride 1, no dilation, one feature and batch
+    group, no ``preferred_element_type``, and padding between 0 and ``k - 1`` per side.
+    """
+    if jax.default_backend() != "cpu":
+        return False
+    if lhs.ndim < 3 or rhs.ndim != lhs.ndim:
+        return False
+    if not _is_channels_last(dimension_numbers, lhs, rhs):
+        return False
+    if not (_ones(lhs_dilation) and _ones(rhs_dilation)):
+        return False
+    if feature_group_count != 1 or batch_group_count != 1 or preferred_element_type is not None:
+        return False
+    pads = _explicit_pads(lhs, rhs, window_strides, padding)
+    window = rhs.shape[:-2]
+    return all(0 <= lo < k and 0 <= hi < k for (lo, hi), k in zip(pads, window, strict=True))
+
+
+def _conv(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads, precision: Any) -> jax.Array:
+    """The plain channels-last convolution."""
+    return jax.lax.conv_general_dilated(
+        x, w, strides, pads, dimension_numbers=_channels_last_numbers(x.ndim), precision=precision
+    )
+
+
+def _every(strides: Strides) -> tuple[slice, ...]:
+    """The index that keeps every ``s``-th position of each spatial axis (and the rest)."""
+    return (slice(None), *(slice(None, None, s) for s in strides), slice(None))
+
+
+def _input_linear(tx, w, strides: Strides, pads: Pads, precision: Any) -> jax.Array:
+    """``conv(tx, w)``, linear in ``tx``, as every ``s``-th position of the stride-1
+    convolution, written as the transpose of its adjoint: a plain stride-1 convolution
+    with the flipped, channel-swapped kernel, which reverse mode transposes it back into
+    (after spreading the cotangent over the stride-1 grid)."""
+    window = w.shape[:-2]
+    ones = (1,) * len(window)
+    w_adjoint = jnp.flip(w, tuple(range(len(window)))).swapaxes(-1, -2)  # [*window, out, in]
+    adjoint_pads = tuple((k - 1 - lo, k - 1 - hi) for (lo, hi), k in zip(pads, window, strict=True))
+    adjoint = functools.partial(
+        _conv, w=w_adjoint, strides=ones, pads=adjoint_pads, precision=precision
+    )
+    dense_shape = jax.eval_shape(
+        functools.partial(_conv, w=w, strides=ones, pads=pads, precision=precision), tx
+    )
+    (dense,) = jax.linear_transpose(adjoint, dense_shape)(tx)  # [B, *stride-1 grid, out]
+    return dense if strides == ones else dense[_every(strides)]
+
+
+def _kernel_linear(x, tw, strides: Strides, pads: Pads, precision: Any, out_shape) -> jax.Array:
+    """``conv(x, tw)``, linear in ``tw``, as a sum over the kernel's taps of matrix
+    products, which reverse mode turns into products of input rows with the cotangent.
+
+    With more input than output channels (and stride 1), each tap multiplies the whole
+    padded input and keeps its window of the product, so reverse mode shifts the narrower
+    cotangent instead of the input and keeps only the padded input for the backward pass;
+    otherwise each tap multiplies its window of the input. (On MDEQ-TINY's two 3x3
+    convolutions each choice was the faster one, `launch.conv_cost`.)
+    """
+    c_in, c_out = tw.shape[-2:]
+    padded = jnp.pad(x, ((0, 0), *pads, (0, 0)))  # [B, *padded grid, in]
+    shift_output = all(s == 1 for s in strides) and c_in > c_out
+    y = None
+    for tap in itertools.product(*(range(k) for k in tw.shape[:-2])):
+        window = (slice(None),) + tuple(
+            slice(t, t + s * (n - 1) + 1, s)
+            for t, n, s in zip(tap, out_shape[1:-1], strides, strict=True)
+        )
+        if shift_output:
+            whole = jnp.matmul(padded.reshape(-1, c_in), tw[tap], precision=precision)
+            term = whole.reshape(*padded.shape[:-1], c_out)[window].reshape(-1, c_out)
+        else:
+            rows = padded[window].reshape(-1, c_in)  # [B * out grid, in]
+            term = jnp.matmul(rows, tw[tap], precision=precision)  # [B * out grid, out]
+        y = term if y is None else y + term
+    return y.reshape(out_shape)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _cpu_conv(x, w, strides: Strides, pads: Pads, precision: Any) -> jax.Array:
+    return _conv(x, w, strides, pads, precision)
+
+
+@functools.partial(_cpu_conv.defjvp, symbolic_zeros=True)
+def _cpu_conv_jvp(strides, pads, precision, primals, tangents):
+    x, w = primals
+    tx, tw = tangents
+    y = _conv(x, w, strides, pads, precision)
+    terms = []
+    if not isinstance(tx, SymbolicZero):
+        terms.append(_input_linear(tx, w, strides, pads, precision))
+    if not isinstance(tw, SymbolicZero):
+        terms.append(_kernel_linear(x, tw, strides, pads, precision, y.shape))
+    if not terms:
+        return y, jnp.zeros_like(y)
+    return y, functools.reduce(jnp.add, terms).astype(y.dtype)
+
+
+def conv_general_dilated(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides: Sequence[int],
+    padding: Padding,
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: Any = None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+    """`jax.lax.conv_general_dilated` with derivatives XLA:CPU runs fast (module docstring).
+
+    The arguments and the value are those of `jax.lax.conv_general_dilated`. Where
+    `fast_path_applies`, the derivatives are built from plain convolutions and matrix
+    products; everywhere else this is `jax.lax.conv_general_dilated` itself.
+    """
+    options = dict(
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=rhs_dilation,
+        dimension_numbers=dimension_numbers,
+        feature_group_count=feature_group_count,
+        batch_group_count=batch_group_count,
+        preferred_element_type=preferred_element_type,
+    )
+    if not fast_path_applies(lhs, rhs, window_strides, padding, **options):
+        return jax.lax.conv_general_dilated(
+            lhs, rhs, window_strides, padding, precision=precision, **options
+        )
+    pads = _explicit_pads(lhs, rhs, window_strides, padding)
+    return _cpu_conv(lhs, rhs, tuple(int(s) for s in window_strides), pads, precision)
+
+
+class Conv(nn.Conv):
+    """`flax.linen.Conv` on `conv_general_dilated`: the same layer (attributes, parameter
+    names, values), with derivatives XLA:CPU runs fast inside loops."""
+
+    conv_general_dilated: Any = conv_general_dilated
