@@ -3,7 +3,7 @@
 `conv_general_dilated` is a drop-in for `jax.lax.conv_general_dilated`, and `Conv` is
 `flax.linen.Conv` built on it (every convolution layer of deq_jax uses one of the two).
 Its value is the lax convolution's, bit for bit. What changes, on the CPU backend and
-for the convolutions of equilibrium cells (channels last, stride 1, no dilation, one
+for the convolutions of deq_jax's models (channels last, any stride, no dilation, one
 feature group, padding between 0 and ``k - 1`` on each side), is the program its
 derivatives compile to:
 
@@ -13,10 +13,11 @@ derivatives compile to:
   convolution with a reversed kernel and swapped dimension numbers; XLA:CPU runs that
   form on its fast kernel in straight-line code but on a generic one inside a
   ``while``/``scan`` body (jax-ml/jax#12868): 5-30x slower per call, measured in
-  BUILD_NOTES ("Convolution gradients inside control flow on XLA:CPU").
+  BUILD_NOTES ("Convolution gradients on XLA:CPU"). A strided convolution's input
+  gradient is the stride-1 one of the cotangent spread over the stride-1 grid.
 * **The weight gradient** is a sum over the kernel's taps of matrix products of a
-  shifted input window with the cotangent, instead of XLA:CPU's generic
-  weight-gradient convolution.
+  shifted input window with the cotangent, instead of XLA:CPU's weight-gradient
+  convolution (up to 6x slower on MDEQ's).
 
 Both are ordinary differentiable operations, so higher derivatives (the Jacobian
 regulariser differentiates a VJP) stay exact. Forward-mode products (`jax.jvp`,
@@ -92,7 +93,7 @@ def fast_path_applies(
     """Whether `conv_general_dilated` takes its CPU-friendly derivative for this call.
 
     True on the CPU backend for a channels-last convolution (``[B, *spatial, C]`` with a
-    ``[*window, in, out]`` kernel) with stride 1, no dilation, one feature and batch
+    ``[*window, in, out]`` kernel) with any stride, no dilation, one feature and batch
     group, no ``preferred_element_type``, and padding between 0 and ``k - 1`` per side.
     """
     if jax.default_backend() != "cpu":
