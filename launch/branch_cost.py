@@ -29,7 +29,7 @@ Usage (as recorded in BUILD_NOTES.md)::
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from absl import flags
 
@@ -40,11 +40,6 @@ from launch import step_cost
 _SHAPE = flags.DEFINE_list("shape", ["32", "11", "11", "64"], "B,H,W,C of the convolutions.")
 _BUDGET = flags.DEFINE_integer("budget", 8, "Forward budget of the train step.")
 _BACKWARD = flags.DEFINE_string("backward", "jacobian_free", "Backward mode of the train step.")
-
-
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """`launch.step_cost`'s median after a warm-up, in milliseconds."""
-    return 1e3 * step_cost._median_seconds(fn, repeats)
 
 
 def conv_gradient_ms(shape: Sequence[int], repeats: int) -> dict[str, float]:
@@ -76,7 +71,8 @@ def conv_gradient_ms(shape: Sequence[int], repeats: int) -> dict[str, float]:
         "in_scan": jax.jit(in_scan),
     }
     args = {"plain": (kernel, x), "in_cond": (kernel, x, True), "in_scan": (kernel, x)}
-    return {k: _median_ms(lambda f=f, k=k: f(*args[k]), repeats) for k, f in programs.items()}
+    timed = {k: (lambda f=f, k=k: f(*args[k])) for k, f in programs.items()}
+    return {k: step_cost.median_ms(call, repeats) for k, call in timed.items()}
 
 
 def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats: int) -> dict:

@@ -29,8 +29,9 @@ Usage (as recorded in BUILD_NOTES.md)::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from absl import flags
 
@@ -66,10 +67,6 @@ def lax_derivatives() -> Iterator[None]:
         conv_lib.fast_path_applies = patched
 
 
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    return 1e3 * step_cost._median_seconds(fn, repeats)
-
-
 def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[str, dict]:
     """``{"lax" | "deq_jax": {"forward", "input_vjp_in_loop", "weight_vjp"}}`` in
     milliseconds for a 3x3 convolution ``[B, H, W, in] -> [B, H, W, out]``."""
@@ -84,18 +81,12 @@ def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[
     numbers = ("NHWC", "HWIO", "NHWC")
     pads = ((1, 1), (1, 1))
 
-    def convolutions(name: str) -> Callable:
-        if name == "lax":
-            return lambda x, k: jax.lax.conv_general_dilated(
-                x, k, (1, 1), pads, dimension_numbers=numbers
-            )
-        return lambda x, k: conv_lib.conv_general_dilated(
-            x, k, (1, 1), pads, dimension_numbers=numbers
-        )
-
+    functions = {"lax": jax.lax.conv_general_dilated, "deq_jax": conv_lib.conv_general_dilated}
     report = {}
     for name in CONVOLUTIONS:
-        conv = convolutions(name)
+        conv = functools.partial(
+            functions[name], window_strides=(1, 1), padding=pads, dimension_numbers=numbers
+        )
 
         def input_loop(x, k, u, conv=conv):
             _, pullback = jax.vjp(lambda x: conv(x, k), x)
@@ -113,7 +104,7 @@ def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[
             "weight_vjp": (jax.jit(weight_vjp), (x, kernel, u), 1),
         }
         report[name] = {
-            key: _median_ms(lambda f=f, a=a: f(*a), repeats) / per
+            key: step_cost.median_ms(lambda f=f, a=a: f(*a), repeats) / per
             for key, (f, a, per) in programs.items()
         }
     return report
@@ -121,7 +112,7 @@ def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[
 
 def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats: int) -> dict:
     """The config's train step (`launch.step_cost`) with each convolution's derivatives:
-    ``{"lax" | "deq_jax": {"train_seconds", "temp_bytes"}}``."""
+    ``{"lax" | "deq_jax": {"train_seconds", "temp_bytes", "batch_size"}}``."""
     synthetic, shape = step_cost._SYNTHETIC.value, [int(s) for s in step_cost._INPUT_SHAPE.value]
     rows = {}
     for name in CONVOLUTIONS:

@@ -57,6 +57,11 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return float(np.median(times[1:]))
 
 
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """The median of ``repeats`` calls of ``fn`` after a warm-up, in milliseconds."""
+    return 1e3 * _median_seconds(fn, repeats)
+
+
 def _batch(config, workdir: str, synthetic: bool, input_shape: Sequence[int]):
     """One host batch ``{"inputs", "targets", "mask", "index"}`` and the metrics fn."""
     import numpy as np

@@ -40,7 +40,7 @@ def _problem(shape, window, seed=0, out_channels=4):
 
 def _pair(x, padding, stride):
     """(lax's convolution, this module's) as ``(x, w) -> y`` with channels-last numbers."""
-    numbers = conv_lib._channels_last_numbers(x.ndim)
+    numbers = conv_lib.channels_last_numbers(x.ndim)
     strides = (stride,) * (x.ndim - 2)
     options = dict(dimension_numbers=numbers)
     reference = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, padding, **options)
@@ -61,7 +61,7 @@ def test_value_is_lax_bit_for_bit(shape, window, padding, stride):
 def test_derivatives_match_lax(x64, shape, window, padding, stride, out_channels):
     x, w = _problem(shape, window, out_channels=out_channels)
     reference, fast = _pair(x, padding, stride)
-    numbers = conv_lib._channels_last_numbers(x.ndim)
+    numbers = conv_lib.channels_last_numbers(x.ndim)
     strides = (stride,) * len(window)
     assert conv_lib.fast_path_applies(x, w, strides, padding, dimension_numbers=numbers)
     y = reference(x, w)
@@ -122,7 +122,7 @@ def test_gradient_is_built_from_channels_last_convolutions():
         visit(jax.make_jaxpr(grad)(x, w).jaxpr)
         return found
 
-    expected = tuple(map(tuple, conv_lib._channels_last_numbers(4)))
+    expected = tuple(map(tuple, conv_lib.channels_last_numbers(4)))
     assert conv_numbers(fast) and set(conv_numbers(fast)) == {expected}
     assert set(conv_numbers(reference)) != {expected}  # lax's rule swaps them
 
@@ -162,7 +162,7 @@ def test_other_convolutions_are_lax(change):
 
 def test_other_backends_get_lax(monkeypatch):
     x, w = _problem((2, 6, 6, 3), (3, 3))
-    numbers = conv_lib._channels_last_numbers(4)
+    numbers = conv_lib.channels_last_numbers(4)
     assert conv_lib.fast_path_applies(x, w, (1, 1), "SAME", dimension_numbers=numbers)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert not conv_lib.fast_path_applies(x, w, (1, 1), "SAME", dimension_numbers=numbers)

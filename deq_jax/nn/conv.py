@@ -45,7 +45,7 @@ Pads = tuple[tuple[int, int], ...]
 Strides = tuple[int, ...]
 
 
-def _channels_last_numbers(ndim: int) -> jax.lax.ConvDimensionNumbers:
+def channels_last_numbers(ndim: int) -> jax.lax.ConvDimensionNumbers:
     """``[B, *spatial, C]`` inputs and outputs, ``[*window, in, out]`` kernels."""
     spatial = tuple(range(1, ndim - 1))
     return jax.lax.ConvDimensionNumbers(
@@ -56,7 +56,7 @@ def _channels_last_numbers(ndim: int) -> jax.lax.ConvDimensionNumbers:
 
 
 def _is_channels_last(numbers: Any, lhs: jax.Array, rhs: jax.Array) -> bool:
-    expected = _channels_last_numbers(lhs.ndim)
+    expected = channels_last_numbers(lhs.ndim)
     if numbers is None:
         return False
     if not isinstance(numbers, jax.lax.ConvDimensionNumbers):
@@ -114,7 +114,7 @@ def fast_path_applies(
 def _conv(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads, precision: Any) -> jax.Array:
     """The plain channels-last convolution."""
     return jax.lax.conv_general_dilated(
-        x, w, strides, pads, dimension_numbers=_channels_last_numbers(x.ndim), precision=precision
+        x, w, strides, pads, dimension_numbers=channels_last_numbers(x.ndim), precision=precision
     )
 
 
@@ -155,6 +155,7 @@ def _kernel_linear(x, tw, strides: Strides, pads: Pads, precision: Any, out_shap
     c_in, c_out = tw.shape[-2:]
     padded = jnp.pad(x, ((0, 0), *pads, (0, 0)))  # [B, *padded grid, in]
     shift_output = all(s == 1 for s in strides) and c_in > c_out
+    rows_of_padded = padded.reshape(-1, c_in)  # [B * padded grid, in]
     y = None
     for tap in itertools.product(*(range(k) for k in tw.shape[:-2])):
         window = (slice(None),) + tuple(
@@ -162,7 +163,7 @@ def _kernel_linear(x, tw, strides: Strides, pads: Pads, precision: Any, out_shap
             for t, n, s in zip(tap, out_shape[1:-1], strides, strict=True)
         )
         if shift_output:
-            whole = jnp.matmul(padded.reshape(-1, c_in), tw[tap], precision=precision)
+            whole = jnp.matmul(rows_of_padded, tw[tap], precision=precision)
             term = whole.reshape(*padded.shape[:-1], c_out)[window].reshape(-1, c_out)
         else:
             rows = padded[window].reshape(-1, c_in)  # [B * out grid, in]

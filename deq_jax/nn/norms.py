@@ -32,7 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from deq_jax.nn.conv import conv_general_dilated
+from deq_jax.nn.conv import channels_last_numbers, conv_general_dilated
 
 Initializer = Callable[..., jax.Array]
 
@@ -135,12 +135,7 @@ class WeightNormConv(nn.Module):
         g = self.param("scale", lambda _: _norm_of(v))
         w = weight_norm_kernel(v, g).astype(x.dtype)  # [*k, in, features]
         strides = (self.strides,) * n if isinstance(self.strides, int) else tuple(self.strides)
-        spatial = tuple(range(1, n + 1))
-        numbers = jax.lax.ConvDimensionNumbers(
-            lhs_spec=(0, n + 1, *spatial),
-            rhs_spec=(n + 1, n, *range(n)),
-            out_spec=(0, n + 1, *spatial),
-        )
+        numbers = channels_last_numbers(x.ndim)  # [B, *spatial, C] and [*k, in, out]
         y = conv_general_dilated(x, w, strides, self.padding, dimension_numbers=numbers)
         if self.use_bias:
             y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype)
