@@ -15,7 +15,8 @@ This tool measures both, so the workarounds can be re-checked on a new JAX:
 
 1. the gradient of two 3x3 convolutions (``--shape``, ``[B, H, W, C]``) plain, inside
    ``lax.cond`` and inside a one-step ``lax.scan`` (median of ``--repeats``, default 3,
-   after a warm-up);
+   after a warm-up), with `jax.lax.conv_general_dilated` and with deq_jax's
+   (`deq_jax.nn.conv`, whose derivatives are plain convolutions and matrix products);
 2. the config's train step at forward budget ``--budget`` (whole
    budget, `launch.step_cost`) with the Jacobian draw masked and as ``lax.cond``.
 
@@ -42,19 +43,26 @@ _BUDGET = flags.DEFINE_integer("budget", 8, "Forward budget of the train step.")
 _BACKWARD = flags.DEFINE_string("backward", "jacobian_free", "Backward mode of the train step.")
 
 
-def conv_gradient_ms(shape: Sequence[int], repeats: int) -> dict[str, float]:
+CONVOLUTIONS = ("lax", "deq_jax")
+
+
+def conv_gradient_ms(shape: Sequence[int], repeats: int, convolution: str) -> dict[str, float]:
     """Milliseconds of the gradient of ``sum(tanh(conv(tanh(conv(x, w)), w)))`` w.r.t.
-    ``w`` and ``x``: ``plain``, inside ``lax.cond`` and inside a one-step ``lax.scan``."""
+    ``w`` and ``x``: ``plain``, inside ``lax.cond`` and inside a one-step ``lax.scan``,
+    with ``convolution`` (one of `CONVOLUTIONS`) as ``conv``."""
     import jax
     import jax.numpy as jnp
+
+    from deq_jax.nn import conv as conv_lib
 
     b, h, w_, c = (int(s) for s in shape)
     x = jax.random.normal(jax.random.key(0), (b, h, w_, c))
     kernel = 0.05 * jax.random.normal(jax.random.key(1), (3, 3, c, c))
+    conv_fn = {"lax": jax.lax.conv_general_dilated, "deq_jax": conv_lib.conv_general_dilated}
 
     def conv(x, w):
         dims = ("NHWC", "HWIO", "NHWC")
-        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims)
+        return conv_fn[convolution](x, w, (1, 1), "SAME", dimension_numbers=dims)
 
     def loss(w, x):
         return jnp.sum(jnp.tanh(conv(jnp.tanh(conv(x, w)), w)))
@@ -98,12 +106,14 @@ def main(argv: Sequence[str]) -> None:
     import jax
 
     report = {"device": jax.devices()[0].device_kind, "shape": [int(s) for s in _SHAPE.value]}
-    report["conv_gradient_ms"] = conv_gradient_ms(_SHAPE.value, step_cost._REPEATS.value)
-    ms = report["conv_gradient_ms"]
-    print(
-        f"conv gradient {'x'.join(_SHAPE.value)}: "
-        + ", ".join(f"{k} {v:.1f} ms ({v / ms['plain']:.1f}x)" for k, v in ms.items())
-    )
+    report["conv_gradient_ms"] = {}
+    for convolution in CONVOLUTIONS:
+        ms = conv_gradient_ms(_SHAPE.value, step_cost._REPEATS.value, convolution)
+        report["conv_gradient_ms"][convolution] = ms
+        print(
+            f"conv gradient {'x'.join(_SHAPE.value)} ({convolution}): "
+            + ", ".join(f"{k} {v:.1f} ms ({v / ms['plain']:.1f}x)" for k, v in ms.items())
+        )
     config, workdir = launch_main._CONFIG.value, launch_main._WORKDIR.value
     os.makedirs(workdir, exist_ok=True)
     step = train_step_seconds(

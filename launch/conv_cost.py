@@ -16,8 +16,10 @@ backward solve evaluates one per iteration) and its weight gradient slowly every
 with lax's derivatives and with deq_jax's, and then the config's whole train step
 (`launch.step_cost`, the whole budget run) at forward budget ``--step_budget`` with
 backward ``--step_backward``, both ways: the lax way by turning
-`deq_jax.nn.conv.fast_path_applies` off for that compile. Medians of
-``--repeats`` after a warm-up. Writes ``{workdir}/conv_cost.json``.
+`deq_jax.nn.conv.fast_path_applies` off for that compile; with ``--spectral_iters``
+also the spectral-radius diagnostic (power iterations of JVPs, which the library traces
+with lax's forward-mode rules: `deq_jax._forward_mode`). Medians of ``--repeats`` after
+a warm-up. Writes ``{workdir}/conv_cost.json``.
 
 Usage (as recorded in BUILD_NOTES.md)::
 
@@ -112,16 +114,22 @@ def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[
 
 def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats: int) -> dict:
     """The config's train step (`launch.step_cost`) with each convolution's derivatives:
-    ``{"lax" | "deq_jax": {"train_seconds", "temp_bytes", "batch_size"}}``."""
+    ``{"lax" | "deq_jax": {"train_seconds", "temp_bytes", "batch_size"}}``, with
+    ``spectral_seconds`` (the spectral-radius diagnostic's step) for ``--spectral_iters``
+    above 0."""
     synthetic, shape = step_cost._SYNTHETIC.value, [int(s) for s in step_cost._INPUT_SHAPE.value]
+    spectral_iters = step_cost._SPECTRAL_ITERS.value
+    keys = ("train_seconds", "temp_bytes", "batch_size") + (
+        ("spectral_seconds",) if spectral_iters else ()
+    )
     rows = {}
     for name in CONVOLUTIONS:
         context = lax_derivatives() if name == "lax" else contextlib.nullcontext()
         with context:
             (row,) = step_cost.measure(
-                config, workdir, [budget], [backward], repeats, synthetic, shape
+                config, workdir, [budget], [backward], repeats, synthetic, shape, spectral_iters
             )
-        rows[name] = {k: row[k] for k in ("train_seconds", "temp_bytes", "batch_size")}
+        rows[name] = {k: row[k] for k in keys}
     return rows
 
 
@@ -152,6 +160,12 @@ def main(argv: Sequence[str]) -> None:
             f"deq_jax {ours:.3f} s ({b / ours:.1f} img/s, "
             f"{step['deq_jax']['temp_bytes'] / 2**20:.0f} MiB): {lax / ours:.1f}x"
         )
+        if "spectral_seconds" in step["lax"]:
+            lax, ours = step["lax"]["spectral_seconds"], step["deq_jax"]["spectral_seconds"]
+            print(
+                f"spectral radius ({step_cost._SPECTRAL_ITERS.value} power iterations): lax "
+                f"{lax:.3f} s, deq_jax {ours:.3f} s: {lax / ours:.1f}x"
+            )
     path = os.path.join(launch_main._WORKDIR.value, "conv_cost.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(path, report, indent=2)

@@ -43,6 +43,12 @@ _REPEATS = flags.DEFINE_integer(
 )
 _SYNTHETIC = flags.DEFINE_bool("synthetic", False, "Random images instead of the task's.")
 _INPUT_SHAPE = flags.DEFINE_list("input_shape", [], "H,W,C of synthetic images.")
+_SPECTRAL_ITERS = flags.DEFINE_integer(
+    "spectral_iters",
+    0,
+    "Also time the spectral-radius diagnostic (`regularizer.spectral_every`'s step) with "
+    "this many power iterations; 0: not timed.",
+)
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -88,8 +94,9 @@ def _batch(config, workdir: str, synthetic: bool, input_shape: Sequence[int]):
     return batch, task.metrics
 
 
-def _times(model, step, state, batch, repeats: int) -> dict:
-    """Median seconds and images per second of the train step and an eval forward."""
+def _times(model, step, state, batch, repeats: int, spectral_step=None) -> dict:
+    """Median seconds and images per second of the train step and an eval forward, and
+    the seconds of ``spectral_step`` when one is given."""
     import jax
 
     from deq_jax.training.steps import RNG_STREAMS
@@ -108,12 +115,16 @@ def _times(model, step, state, batch, repeats: int) -> dict:
     rngs = holder["state"].step_rngs(*RNG_STREAMS)  # as the eval step: z_init="mixed" draws
     eval_seconds = _median_seconds(lambda: forward(variables, batch["inputs"], rngs), repeats)
     b = batch["inputs"].shape[0]
-    return {
+    times = {
         "train_seconds": train_seconds,
         "eval_seconds": eval_seconds,
         "train_images_per_second": b / train_seconds,
         "eval_images_per_second": b / eval_seconds,
     }
+    if spectral_step:
+        state = holder["state"]
+        times["spectral_seconds"] = _median_seconds(lambda: spectral_step(state, batch), repeats)
+    return times
 
 
 def measure(
@@ -124,9 +135,11 @@ def measure(
     repeats: int,
     synthetic: bool = False,
     input_shape: Sequence[int] = (),
+    spectral_iters: int = 0,
 ) -> list[dict]:
     """``[{backward, budget, temp_bytes, train_seconds, eval_seconds, ...}]`` per setting
-    (without the times for ``repeats=0``)."""
+    (without the times for ``repeats=0``; with ``spectral_seconds``, the spectral-radius
+    diagnostic of ``spectral_iters`` power iterations, when that is positive)."""
     import jax
     import jax.numpy as jnp
 
@@ -135,7 +148,7 @@ def measure(
     from deq_jax.training.optim import make_optimizer
     from deq_jax.training.regularizer import JacobianRegularizer
     from deq_jax.training.state import create_train_state
-    from deq_jax.training.steps import make_train_step
+    from deq_jax.training.steps import make_spectral_step, make_train_step
 
     host_batch, metrics_fn = _batch(config, workdir, synthetic, input_shape)
     mesh = sharding.make_mesh()
@@ -175,7 +188,8 @@ def measure(
                 "device_count": jax.device_count(),
             }
             if repeats:
-                row.update(_times(model, step, state, batch, repeats))
+                spectral = spectral_iters and make_spectral_step(model, mesh, spectral_iters)
+                row.update(_times(model, step, state, batch, repeats, spectral))
             rows.append(row)
     return rows
 
@@ -193,10 +207,11 @@ def main(argv: Sequence[str]) -> None:
         _REPEATS.value,
         _SYNTHETIC.value,
         _INPUT_SHAPE.value,
+        _SPECTRAL_ITERS.value,
     )
     print(
         f"{'backward':10s} {'budget':>6s} {'working MiB':>12s} {'train s':>8s} "
-        f"{'train img/s':>12s} {'eval img/s':>11s}"
+        f"{'train img/s':>12s} {'eval img/s':>11s} {'spectral s':>10s}"
     )
     for r in rows:
         times = (
@@ -205,6 +220,7 @@ def main(argv: Sequence[str]) -> None:
             if "train_seconds" in r
             else f"{'-':>8s} {'-':>12s} {'-':>11s}"
         )
+        times += f" {r['spectral_seconds']:10.3f}" if "spectral_seconds" in r else f" {'-':>10s}"
         print(f"{r['backward']:10s} {r['budget']:6d} {r['temp_bytes'] / 2**20:12.1f} {times}")
     path = os.path.join(workdir, "step_cost.json")
     write_json(path, {"rows": rows}, indent=2)

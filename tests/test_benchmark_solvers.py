@@ -81,13 +81,15 @@ def test_branch_cost_times_conv_gradients_and_both_jacobian_draws(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "branch_cost.json").read_text())
     assert report["shape"] == [2, 5, 5, 4]
-    assert set(report["conv_gradient_ms"]) == {"plain", "in_cond", "in_scan"}
+    assert set(report["conv_gradient_ms"]) == {"lax", "deq_jax"}
+    for ms in report["conv_gradient_ms"].values():
+        assert set(ms) == {"plain", "in_cond", "in_scan"} and all(v > 0 for v in ms.values())
     assert set(report["train_step_seconds"]) == {"masked", "cond"}
     assert all(v > 0 for v in report["train_step_seconds"].values())
     assert "lax.cond" in proc.stdout
 
 
-def test_conv_cost_times_both_derivatives_and_both_train_steps(tmp_path):
+def test_conv_cost_times_both_derivatives_train_steps_and_spectral_steps(tmp_path):
     # the prefix-sum smoke model: 1-d convolutions, the cheapest conv DEQ to compile
     proc = run_module(
         "launch.conv_cost",
@@ -98,6 +100,7 @@ def test_conv_cost_times_both_derivatives_and_both_train_steps(tmp_path):
         "--loop_steps=2",
         "--repeats=1",
         "--step_budget=2",
+        "--spectral_iters=2",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "conv_cost.json").read_text())
@@ -109,7 +112,9 @@ def test_conv_cost_times_both_derivatives_and_both_train_steps(tmp_path):
     step = report["train_step"]
     assert step["budget"] == 2 and step["backward"] == "ift"
     assert all(step[k]["train_seconds"] > 0 and step[k]["temp_bytes"] > 0 for k in ms)
+    assert all(step[k]["spectral_seconds"] > 0 for k in ms)
     assert "train step (batch" in proc.stdout
+    assert "spectral radius (2 power iterations)" in proc.stdout
 
 
 def test_conv_cost_times_lax_with_the_fast_path_off():

@@ -43,3 +43,32 @@ def test_step_cost_reports_memory_flat_for_the_implicit_backward(resolutions, tm
 def test_step_cost_times_train_and_eval(tmp_path):
     (row,) = step_cost.measure(_config(2), str(tmp_path), [2], ["ift"], 1, True, SHAPE)
     assert row["train_images_per_second"] > 0 and row["eval_images_per_second"] > 0
+
+
+def test_spectral_step_leaves_the_batch_statistics_alone():
+    """The spectral diagnostic solves in training mode, where MDEQ's batch norms update
+    their statistics: the step runs (it used to fail on the immutable collection) and
+    the state it reads is unchanged."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from deq_jax.training import build, sharding
+    from deq_jax.training.optim import make_optimizer
+    from deq_jax.training.state import create_train_state
+    from deq_jax.training.steps import make_spectral_step
+
+    config = _config(1)
+    model = build.build_model(config.model, build.build_deq_spec(config.deq))
+    tx, _ = make_optimizer(config.train)
+    state = create_train_state(model, tx, jnp.zeros((1, *SHAPE)), jax.random.PRNGKey(0))
+    assert "batch_stats" in state.model_state
+    before = jax.tree.map(np.asarray, state.model_state)
+    mesh = sharding.make_mesh()
+    batch = {
+        "inputs": jax.random.normal(jax.random.PRNGKey(1), (4, *SHAPE)),
+        "mask": jnp.ones(4, bool),
+    }
+    rho = make_spectral_step(model, mesh, 3)(sharding.replicate(state, mesh), batch)
+    assert np.isfinite(rho["spectral_radius"]) and rho["spectral_radius"] > 0
+    jax.tree.map(np.testing.assert_array_equal, state.model_state, before)

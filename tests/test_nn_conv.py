@@ -12,8 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from deq_jax import _forward_mode
 from deq_jax.nn import WeightNormConv
 from deq_jax.nn import conv as conv_lib
+from deq_jax.regularizers import spectral_radius
 
 # (input shape, window, padding, stride): 1-d and 2-d, symmetric, lopsided, causal,
 # string paddings, 1x1 kernels and strided windows (MDEQ's downsampling path)
@@ -36,6 +38,17 @@ def _problem(shape, window, seed=0, out_channels=4):
     x = jnp.asarray(rng.standard_normal(shape))
     w = jnp.asarray(rng.standard_normal((*window, shape[-1], out_channels)))
     return x, w
+
+
+def _conv_numbers(jaxpr) -> list[tuple]:
+    """The dimension numbers of every convolution in ``jaxpr`` and its sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            found.append(tuple(map(tuple, eqn.params["dimension_numbers"])))
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_conv_numbers(sub))
+    return found
 
 
 def _pair(x, padding, stride):
@@ -110,21 +123,48 @@ def test_gradient_is_built_from_channels_last_convolutions():
 
     def conv_numbers(conv):
         grad = jax.grad(lambda x, w: jnp.sum(conv(x, w) ** 2), argnums=(0, 1))
-        found = []
-
-        def visit(jaxpr):
-            for eqn in jaxpr.eqns:
-                if eqn.primitive.name == "conv_general_dilated":
-                    found.append(tuple(map(tuple, eqn.params["dimension_numbers"])))
-                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                    visit(sub)
-
-        visit(jax.make_jaxpr(grad)(x, w).jaxpr)
-        return found
+        return _conv_numbers(jax.make_jaxpr(grad)(x, w).jaxpr)
 
     expected = tuple(map(tuple, conv_lib.channels_last_numbers(4)))
     assert conv_numbers(fast) and set(conv_numbers(fast)) == {expected}
     assert set(conv_numbers(reference)) != {expected}  # lax's rule swaps them
+
+
+def test_forward_products_trace_as_lax():
+    """Inside `_forward_mode.forward_products` (nestable, undone on errors) the
+    convolution traces as lax's; outside, as the custom_jvp."""
+    x, w = _problem((2, 6, 6, 3), (3, 3))
+    numbers = conv_lib.channels_last_numbers(4)
+    conv = lambda x: conv_lib.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=numbers)
+    traced = lambda: str(jax.make_jaxpr(lambda x: conv(x))(x))  # fresh: make_jaxpr caches
+    assert not _forward_mode.active() and "custom_jvp_call" in traced()
+    with _forward_mode.forward_products():
+        with _forward_mode.forward_products():
+            assert _forward_mode.active()
+        assert _forward_mode.active() and "custom_jvp_call" not in traced()
+        assert not conv_lib.fast_path_applies(x, w, (1, 1), "SAME", dimension_numbers=numbers)
+    with pytest.raises(RuntimeError), _forward_mode.forward_products():
+        raise RuntimeError("inside")
+    assert not _forward_mode.active() and "custom_jvp_call" in traced()
+
+
+def test_power_iteration_pushes_tangents_through_plain_convolutions():
+    """The spectral radius's JVPs (a scan over `jax.linearize`'s product) run plain
+    channels-last convolutions, not the transposed form this module's tangent would
+    evaluate to (the slow one inside loops on XLA:CPU), and agree with lax's."""
+    x, w = _problem((2, 6, 6, 3), (3, 3), out_channels=3)
+    x, w = x.astype(jnp.float32), 0.2 * w.astype(jnp.float32)
+    reference, fast = _pair(x, "SAME", 1)
+    key = jax.random.key(0)
+    rho = {
+        name: lambda z, conv=conv: spectral_radius(
+            lambda z, w: jnp.tanh(conv(z, w) + x), z, w, key, iters=6
+        )
+        for name, conv in (("lax", reference), ("deq_jax", fast))
+    }
+    expected = tuple(map(tuple, conv_lib.channels_last_numbers(4)))
+    assert set(_conv_numbers(jax.make_jaxpr(rho["deq_jax"])(x).jaxpr)) == {expected}
+    np.testing.assert_allclose(rho["deq_jax"](x), rho["lax"](x), rtol=1e-5)
 
 
 @pytest.mark.parametrize(

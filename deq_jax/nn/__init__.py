@@ -5,7 +5,8 @@ as its `DEQSpec` says (solver, backward mode, initial state, budgets); the
 cells (`MLPCell`, `Conv1DCell`, `Conv2DCell`), weight and spectral normalisation and
 `VariationalDropout` (one mask for every iteration) are building blocks for cells.
 Every convolution layer is built on `conv_general_dilated` (`Conv` is flax's layer on
-it): lax's convolution, whose derivatives XLA:CPU runs fast inside loops.
+it): lax's convolution, whose derivatives XLA:CPU runs fast inside loops; trace a
+function whose JVPs alone are evaluated inside `forward_products()`, where it is lax's.
 `deq_call`, `outputs_at` and `settled_apply` intercept a whole model's DEQ call;
 `run_tied` and `run_untied` unroll cells explicitly (weight-tied and untied stacks).
 
@@ -13,6 +14,7 @@ References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
 """
 
+from deq_jax._forward_mode import forward_products
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
 from deq_jax.nn.conv import Conv, conv_general_dilated
 from deq_jax.nn.deq import DEQ, EquilibriumProblem, spec_of, with_terms
@@ -40,6 +42,7 @@ __all__ = [
     "argmax_answer",
     "conv_general_dilated",
     "deq_call",
+    "forward_products",
     "initial_state",
     "outputs_at",
     "run_tied",

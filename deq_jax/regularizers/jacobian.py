@@ -34,7 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from deq_jax import _flat
+from deq_jax import _flat, _forward_mode
 
 PROBES = ("gaussian", "rademacher")
 
@@ -188,7 +188,8 @@ def _power_steps(
       ``(v, log_growth)``: the last unit vectors ``[B, D]`` and ``log ||J v||`` of each
       step ``[iters, B]``.
     """
-    _, jvp_fn = jax.linearize(fn, z)
+    with _forward_mode.forward_products():  # layers trace their forward-friendly form
+        _, jvp_fn = jax.linearize(fn, z)
     v0 = jax.random.normal(key, z.shape, z.dtype)  # [B, D]
     v0 = v0 / jnp.linalg.norm(v0, axis=-1, keepdims=True)
     tiny = jnp.finfo(z.dtype).tiny

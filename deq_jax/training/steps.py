@@ -283,7 +283,9 @@ def make_spectral_step(
 
     Solves in training mode (the train budget and randomness of this step) and averages
     the power-method estimate of ``rho(J_f(z*))`` (``iters`` iterations) over the real
-    examples: the stability diagnostic of Bai et al., logged over training.
+    examples: the stability diagnostic of Bai et al., logged over training. What training
+    mode updates besides (a batch norm's statistics) is dropped: the step reads the
+    state and changes nothing.
 
     References:
       Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
@@ -299,7 +301,8 @@ def make_spectral_step(
             batch["inputs"],
             train=True,
             rngs=rngs,
-            mutable=[INTERMEDIATES],
+            # batch statistics update in training mode; the diagnostic drops the update
+            mutable=[*state.model_state, INTERMEDIATES],
             **{k: batch[k] for k in extras},
         )
         rho = sown(new_state[INTERMEDIATES], SpectralRadius.name)  # [B]
