@@ -121,7 +121,7 @@ def _times(model, step, state, batch, repeats: int, spectral_step=None) -> dict:
         "train_images_per_second": b / train_seconds,
         "eval_images_per_second": b / eval_seconds,
     }
-    if spectral_step:
+    if spectral_step is not None:
         state = holder["state"]
         times["spectral_seconds"] = _median_seconds(lambda: spectral_step(state, batch), repeats)
     return times
@@ -188,7 +188,9 @@ def measure(
                 "device_count": jax.device_count(),
             }
             if repeats:
-                spectral = spectral_iters and make_spectral_step(model, mesh, spectral_iters)
+                spectral = None
+                if spectral_iters:
+                    spectral = make_spectral_step(model, mesh, spectral_iters)
                 row.update(_times(model, step, state, batch, repeats, spectral))
             rows.append(row)
     return rows

@@ -24,10 +24,10 @@ regulariser differentiates a VJP) stay exact. Forward-mode products (`jax.jvp`,
 `jax.linearize`) remain correct but evaluate the input part in JAX's transposed form,
 the slow one inside loops on the CPU (7.5x slower per JVP on MDEQ-TINY's cell). Code
 that traces a cell only to push tangents forward (the power iterations of the spectral
-radius) does so inside `deq_jax._forward_mode.forward_products()`, and there this
-module traces as lax's convolution. Other backends, and any other convolution, get
-`jax.lax.conv_general_dilated` unchanged; the backend is read when the function is
-traced (`jax.default_backend`).
+radius) does so inside `forward_products()` (`deq_jax.nn.forward_products`, from
+`deq_jax._forward_mode`), and there this module traces as lax's convolution. Other
+backends, and any other convolution, get `jax.lax.conv_general_dilated` unchanged; the
+backend is read when the function is traced (`jax.default_backend`).
 """
 
 from __future__ import annotations
