@@ -5,6 +5,9 @@ Usage::
     python -m launch.evaluate --config configs/prefix_sum.py --workdir /tmp/ps \\
         --splits=test_32,test_64 --max_iters=30,60,120 [--checkpoint=best|last]
 
+``--max_batches=N`` scores the first ``N`` batches of each split (``eval.batch_size``
+examples each; the same at every budget) instead of whole splits.
+
 ``--checkpoint=best`` scores the state with the best validation score that training
 kept (``checkpoints_best/``, `deq_jax.training.selection`), ``last`` the latest
 checkpoint; by default the best if the run has one, else the last. The first line
@@ -54,6 +57,12 @@ _EXCLUDE = flags.DEFINE_string(
     "outside its matches and inside them (e.g. ' {10,}').",
 )
 _OUTPUT = flags.DEFINE_string("output", "", "JSON output path (default {workdir}/evaluation.json).")
+_MAX_BATCHES = flags.DEFINE_integer(
+    "max_batches",
+    0,
+    "The first this many eval batches of each split (the same ones at every budget); "
+    "0: whole splits. Not for language models, which stream whole splits.",
+)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -77,9 +86,14 @@ def main(argv: Sequence[str]) -> None:
         from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint as evaluate
 
         extra = dict(exclude=_EXCLUDE.value)
+        if _MAX_BATCHES.value:
+            print("FATAL --max_batches: a language model streams whole splits.", file=sys.stderr)
+            sys.exit(2)
     elif _EXCLUDE.value:
         print("FATAL --exclude applies to a language model's config.", file=sys.stderr)
         sys.exit(2)
+    else:
+        extra = dict(max_batches=_MAX_BATCHES.value)
     report = evaluate(
         config,
         workdir,

@@ -232,6 +232,12 @@ def test_evaluate_checkpoint_scores_the_best_and_names_its_step(finished):
     )
     assert said[0].startswith("Checkpoint step 6 of ") and "(the last)" in said[0]
     assert last["max_iter=6"]["validation"]["mse"] != reported["mse"]
+    first = evaluate_checkpoint(
+        config, workdir, ("validation",), (6, 8), emit=said.append, max_batches=1
+    )
+    for budget in ("max_iter=6", "max_iter=8"):
+        assert first[budget]["validation"]["count"] == config.eval.batch_size
+    assert reported["count"] > config.eval.batch_size
 
 
 def _regular(template, workdir, step):

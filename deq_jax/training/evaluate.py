@@ -250,13 +250,14 @@ def evaluate_checkpoint(
     emit: Callable[[str], None] = print,
     checkpoint: str = "",
     run: Any = None,
+    max_batches: int = 0,
 ) -> dict[str, dict[str, dict]]:
     """Evaluates a checkpoint of ``workdir`` on any splits and solver budgets: the best
     on validation (`deq_jax.training.selection`) if the run has one, else the latest.
 
     Args:
       config: the configuration the checkpoint was trained with (``eval.batch_size``
-        applies; every split is evaluated in full).
+        applies).
       workdir: the run's directory.
       splits: the splits to evaluate; empty means every eval split of the task.
       max_iters: solver budgets; empty means ``eval.budget_multipliers`` times
@@ -265,6 +266,8 @@ def evaluate_checkpoint(
       checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
       run: the `deq_jax.training.Run` of ``workdir`` with its last state, if the caller
         has it already (e.g. `launch.runs.trained_run`'s); else it is restored here.
+      max_batches: the first this many batches of each split (the same examples at
+        every budget); 0: every split in full.
 
     Returns:
       ``{budget_name: {split: metrics}}`` with budget names like ``"max_iter=60"``.
@@ -285,6 +288,7 @@ def evaluate_checkpoint(
         run.task,
         run.mesh,
         config.eval.batch_size,
+        max_batches=max_batches,
         settle=SettleRule.from_config(config.deq),
     )
     named = describe_selected(workdir, which, run.start_step)
