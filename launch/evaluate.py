@@ -62,6 +62,7 @@ _MAX_BATCHES = flags.DEFINE_integer(
     0,
     "The first this many eval batches of each split (the same ones at every budget); "
     "0: whole splits. Not for language models, which stream whole splits.",
+    lower_bound=0,
 )
 
 
