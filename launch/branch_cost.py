@@ -35,34 +35,29 @@ from collections.abc import Sequence
 from absl import flags
 
 from deq_jax.training.writers import write_json
+from launch import conv_cost, step_cost
 from launch import main as launch_main
-from launch import step_cost
 
 _SHAPE = flags.DEFINE_list("shape", ["32", "11", "11", "64"], "B,H,W,C of the convolutions.")
 _BUDGET = flags.DEFINE_integer("budget", 8, "Forward budget of the train step.")
 _BACKWARD = flags.DEFINE_string("backward", "jacobian_free", "Backward mode of the train step.")
 
 
-CONVOLUTIONS = ("lax", "deq_jax")
-
-
 def conv_gradient_ms(shape: Sequence[int], repeats: int, convolution: str) -> dict[str, float]:
     """Milliseconds of the gradient of ``sum(tanh(conv(tanh(conv(x, w)), w)))`` w.r.t.
     ``w`` and ``x``: ``plain``, inside ``lax.cond`` and inside a one-step ``lax.scan``,
-    with ``convolution`` (one of `CONVOLUTIONS`) as ``conv``."""
+    with ``convolution`` (one of `launch.conv_cost.CONVOLUTIONS`) as ``conv``."""
     import jax
     import jax.numpy as jnp
-
-    from deq_jax.nn import conv as conv_lib
 
     b, h, w_, c = (int(s) for s in shape)
     x = jax.random.normal(jax.random.key(0), (b, h, w_, c))
     kernel = 0.05 * jax.random.normal(jax.random.key(1), (3, 3, c, c))
-    conv_fn = {"lax": jax.lax.conv_general_dilated, "deq_jax": conv_lib.conv_general_dilated}
+    conv_fn = conv_cost.convolution(convolution)
 
     def conv(x, w):
         dims = ("NHWC", "HWIO", "NHWC")
-        return conv_fn[convolution](x, w, (1, 1), "SAME", dimension_numbers=dims)
+        return conv_fn(x, w, (1, 1), "SAME", dimension_numbers=dims)
 
     def loss(w, x):
         return jnp.sum(jnp.tanh(conv(jnp.tanh(conv(x, w)), w)))
@@ -107,7 +102,7 @@ def main(argv: Sequence[str]) -> None:
 
     report = {"device": jax.devices()[0].device_kind, "shape": [int(s) for s in _SHAPE.value]}
     report["conv_gradient_ms"] = {}
-    for convolution in CONVOLUTIONS:
+    for convolution in conv_cost.CONVOLUTIONS:
         ms = conv_gradient_ms(_SHAPE.value, step_cost._REPEATS.value, convolution)
         report["conv_gradient_ms"][convolution] = ms
         print(

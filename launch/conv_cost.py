@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from absl import flags
 
@@ -69,13 +69,20 @@ def lax_derivatives() -> Iterator[None]:
         conv_lib.fast_path_applies = patched
 
 
+def convolution(name: str) -> Callable:
+    """The convolution one of `CONVOLUTIONS` names: lax's or deq_jax's (same signature)."""
+    import jax
+
+    from deq_jax.nn import conv as conv_lib
+
+    return {"lax": jax.lax.conv_general_dilated, "deq_jax": conv_lib.conv_general_dilated}[name]
+
+
 def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[str, dict]:
     """``{"lax" | "deq_jax": {"forward", "input_vjp_in_loop", "weight_vjp"}}`` in
     milliseconds for a 3x3 convolution ``[B, H, W, in] -> [B, H, W, out]``."""
     import jax
     import jax.numpy as jnp
-
-    from deq_jax.nn import conv as conv_lib
 
     b, h, w, c_in, c_out = (int(s) for s in shape)
     x = jax.random.normal(jax.random.key(0), (b, h, w, c_in))
@@ -83,11 +90,10 @@ def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[
     numbers = ("NHWC", "HWIO", "NHWC")
     pads = ((1, 1), (1, 1))
 
-    functions = {"lax": jax.lax.conv_general_dilated, "deq_jax": conv_lib.conv_general_dilated}
     report = {}
     for name in CONVOLUTIONS:
         conv = functools.partial(
-            functions[name], window_strides=(1, 1), padding=pads, dimension_numbers=numbers
+            convolution(name), window_strides=(1, 1), padding=pads, dimension_numbers=numbers
         )
 
         def input_loop(x, k, u, conv=conv):
@@ -119,9 +125,7 @@ def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats
     above 0."""
     synthetic, shape = step_cost._SYNTHETIC.value, [int(s) for s in step_cost._INPUT_SHAPE.value]
     spectral_iters = step_cost._SPECTRAL_ITERS.value
-    keys = ("train_seconds", "temp_bytes", "batch_size") + (
-        ("spectral_seconds",) if spectral_iters else ()
-    )
+    keys = ("train_seconds", "temp_bytes", "batch_size", "spectral_seconds")
     rows = {}
     for name in CONVOLUTIONS:
         context = lax_derivatives() if name == "lax" else contextlib.nullcontext()
@@ -129,7 +133,7 @@ def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats
             (row,) = step_cost.measure(
                 config, workdir, [budget], [backward], repeats, synthetic, shape, spectral_iters
             )
-        rows[name] = {k: row[k] for k in keys}
+        rows[name] = {k: row[k] for k in keys if k in row}
     return rows
 
 

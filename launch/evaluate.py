@@ -82,7 +82,7 @@ def main(argv: Sequence[str]) -> None:
             flush=True,
         )
         sys.exit(2)
-    evaluate, extra = evaluate_checkpoint, {}
+    evaluate, extra = evaluate_checkpoint, dict(max_batches=_MAX_BATCHES.value)
     if launch_main.is_language_model(config):  # whole splits streamed with the memory
         from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint as evaluate
 
@@ -93,8 +93,6 @@ def main(argv: Sequence[str]) -> None:
     elif _EXCLUDE.value:
         print("FATAL --exclude applies to a language model's config.", file=sys.stderr)
         sys.exit(2)
-    else:
-        extra = dict(max_batches=_MAX_BATCHES.value)
     report = evaluate(
         config,
         workdir,
