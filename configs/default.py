@@ -66,8 +66,9 @@ Sections:
     (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
     ``jacobian_weight_steps`` steps (0: no ramp), applied on a step with probability
-    ``jacobian_freq`` (p) with ``jacobian_samples`` Hutchinson probes (M); the spectral
-    radius of ``J_f(z*)`` is logged every ``spectral_every`` steps (0: never) with
+    ``jacobian_freq`` (p) with ``jacobian_samples`` Hutchinson probes (M), and not from
+    step ``jacobian_stop_step`` on (0: never stops; locuslab's ``JAC_STOP_EPOCH``); the
+    spectral radius of ``J_f(z*)`` is logged every ``spectral_every`` steps (0: never) with
     ``spectral_iters`` power iterations; ``spectral_weight > 0`` adds
     ``spectral_weight * max(0, rho - spectral_target)^2`` on every step, ``rho`` from
     ``spectral_penalty_iters`` detached power steps and two differentiated ones.
@@ -304,6 +305,7 @@ def get_config() -> ConfigDict:
             jacobian_weight_start=0.0,
             jacobian_weight_steps=0,
             jacobian_freq=1.0,
+            jacobian_stop_step=0,
             jacobian_samples=1,
             spectral_every=0,
             spectral_iters=20,

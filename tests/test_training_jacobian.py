@@ -48,6 +48,7 @@ def test_unknown_regularizer_key_lists_the_valid_ones():
         ("jacobian_weight", -1.0),
         ("jacobian_freq", 1.5),
         ("jacobian_samples", 0),
+        ("jacobian_stop_step", -1),
         ("spectral_weight", -1.0),
         ("spectral_target", 0.0),
         ("spectral_penalty_iters", 0),
@@ -91,6 +92,20 @@ def test_linear_weight_schedule():
     constant = JacobianRegularizer(jacobian_weight=2.0).jacobian_term()
     assert float(constant.weight_at(jnp.asarray(0))) == 2.0
     assert JacobianRegularizer().jacobian_term() is None
+
+
+def test_stop_step_ends_the_term():
+    reg = JacobianRegularizer(jacobian_weight=2.0, jacobian_weight_steps=4, jacobian_stop_step=6)
+    assert reg.drawn and not JacobianRegularizer(jacobian_weight=2.0).drawn
+    got = [float(reg.weight_at(jnp.asarray(t))) for t in (0, 2, 5, 6, 9)]
+    np.testing.assert_allclose(got, [0.0, 1.0, 2.0, 0.0, 0.0])
+    key = jax.random.key(0)
+    assert [bool(reg.draw(key, jnp.asarray(t))) for t in (0, 5, 6, 7)] == [1, 1, 0, 0]
+    # p < 1 and a stop: the Bernoulli draw before the stop, nothing after it.
+    half = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5, jacobian_stop_step=50)
+    keys = jax.random.split(key, 200)
+    draws = np.array([bool(half.draw(k, jnp.asarray(t))) for t, k in enumerate(keys)])
+    assert 10 < draws[:50].sum() < 40 and not draws[50:].any()
 
 
 def test_terms_are_checked():
@@ -327,6 +342,22 @@ def test_masked_draw_matches_the_conditional(synthetic_run, monkeypatch):
         for key in ("loss", "task_loss", "jacobian_term", "grad_norm"):
             np.testing.assert_allclose(m_gate[key], m_cond[key], rtol=1e-5, err_msg=key)
     chex.assert_trees_all_close(p_gate, p_cond, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_stop_step_trains_on_the_task_loss_after_it(synthetic_run, monkeypatch, masked):
+    # Both ways of skipping the term (masked on CPU, `lax.cond` elsewhere) stop it.
+    from deq_jax.training import steps as steps_module
+
+    monkeypatch.setattr(steps_module, "branches_are_slow", lambda mesh: masked)
+    reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_stop_step=3)
+    _, history = _train(*synthetic_run, reg, 5)
+    assert [float(m["jacobian_applied"]) for m in history] == [1, 1, 1, 0, 0]
+    assert [float(m["jacobian_weight"]) for m in history] == [1, 1, 1, 0, 0]
+    for m in history[:3]:
+        assert np.isfinite(m["jacobian_term"]) and m["loss"] > m["task_loss"]
+    for m in history[3:]:
+        assert np.isnan(m["jacobian_term"]) and m["loss"] == m["task_loss"]
 
 
 def test_spectral_step(synthetic_run):

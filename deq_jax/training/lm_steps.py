@@ -108,8 +108,9 @@ def make_lm_train_step(
       mode: the model's mode for this step (``"weight_tied"`` for the warm-up);
         ``None`` keeps the model's own.
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
-        With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
-        the regularised or the plain gradient (locuslab's ``jac_loss_freq``). Not
+        With ``jacobian_freq < 1`` or a ``jacobian_stop_step`` a `jax.lax.cond` on the
+        step's draw (`JacobianRegularizer.draw`) runs the regularised or the plain
+        gradient (locuslab's ``jac_loss_freq``). Not
         applied in the stacked modes (no fixed point); refused with ``"unrolled"``.
 
     Raises:
@@ -178,10 +179,10 @@ def make_lm_train_step(
             return grad_fn(state.params, stats_probe(), net)
 
         applied = jnp.asarray(jacobian is not None, jnp.float32)
-        if jacobian is None or reg.jacobian_freq >= 1.0:
+        if jacobian is None or not reg.drawn:
             result = gradients(regularised)
-        else:  # locuslab's jac_loss_freq: the term on a Bernoulli draw of the steps
-            draw = reg.draw(k_draw)
+        else:  # locuslab's jac_loss_freq and JAC_STOP_EPOCH: the term on drawn steps
+            draw = reg.draw(k_draw, state.step)
             applied = draw.astype(jnp.float32)
             result = jax.lax.cond(draw, lambda: gradients(regularised), lambda: gradients(model))
         (loss, aux), (grads, probe_grad) = result
@@ -190,7 +191,7 @@ def make_lm_train_step(
         for name, value in read_stats_probe(probe_grad).items():
             metrics[f"bwd_{name}"] = value
         if jacobian is not None:
-            metrics["jacobian_weight"] = jacobian.weight_at(state.step)
+            metrics["jacobian_weight"] = reg.weight_at(state.step)
             metrics["jacobian_applied"] = applied
         metrics["grad_norm"] = global_norm(grads)
         metrics["param_norm"] = optax.tree.norm(state.params)

@@ -7,7 +7,9 @@ loss, where ``term_b`` is the Hutchinson estimate of ``||J_f(z*_b)||_F^2 / d`` t
 `deq_jax.nn.DEQ` sows with ``jacobian_samples`` probes, ``gamma_t`` ramps linearly from
 ``jacobian_weight_start`` to ``jacobian_weight`` over ``jacobian_weight_steps`` steps,
 and the term is computed only on steps where a Bernoulli(``jacobian_freq``) draw says so
-(the paper's way of paying for it on a fraction of the steps). The spectral radius of
+(the paper's way of paying for it on a fraction of the steps) and, with
+``jacobian_stop_step > 0``, only before that step (locuslab's ``JAC_STOP_EPOCH``: the
+late steps train on the task loss alone). The spectral radius of
 ``J_f(z*)`` is a diagnostic logged every ``spectral_every`` steps.
 
 With ``spectral_weight > 0`` the loss also gets
@@ -31,6 +33,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from deq_jax._sections import from_section
 from deq_jax.regularizers.terms import JacobianTerm, SpectralHinge, Term
@@ -46,6 +49,8 @@ class JacobianRegularizer:
       jacobian_weight_steps: steps of the linear ramp from the start weight to
         ``jacobian_weight``; 0 means ``jacobian_weight`` from the first step.
       jacobian_freq: ``p``, the probability that a step computes the term.
+      jacobian_stop_step: no term from this step on (0: never stops). Counted from the
+        first step, warm-up included, as locuslab's ``JAC_STOP_EPOCH``.
       jacobian_samples: ``M``, Hutchinson probes per example.
       spectral_every: log the power-method spectral radius every this many steps
         (0: never).
@@ -59,6 +64,7 @@ class JacobianRegularizer:
     jacobian_weight_start: float = 0.0
     jacobian_weight_steps: int = 0
     jacobian_freq: float = 1.0
+    jacobian_stop_step: int = 0
     jacobian_samples: int = 1
     spectral_every: int = 0
     spectral_iters: int = 20
@@ -87,7 +93,7 @@ class JacobianRegularizer:
         for name in ("jacobian_samples", "spectral_iters", "spectral_penalty_iters"):
             if getattr(self, name) < 1:
                 raise ValueError(f"regularizer.{name} must be >= 1, got {getattr(self, name)}.")
-        for name in ("jacobian_weight_steps", "spectral_every"):
+        for name in ("jacobian_weight_steps", "jacobian_stop_step", "spectral_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"regularizer.{name} must be >= 0, got {getattr(self, name)}.")
 
@@ -135,6 +141,22 @@ class JacobianRegularizer:
             ),
         )
 
-    def draw(self, key: jax.Array) -> jax.Array:
-        """The Bernoulli(``jacobian_freq``) draw of one step: compute the term or not."""
-        return jax.random.bernoulli(key, self.jacobian_freq)
+    @property
+    def drawn(self) -> bool:
+        """Whether some steps skip the term: ``p < 1`` or a stop step."""
+        return self.jacobian_freq < 1.0 or self.jacobian_stop_step > 0
+
+    def draw(self, key: jax.Array, step: jax.Array) -> jax.Array:
+        """Whether step ``step`` computes the term: its Bernoulli(``jacobian_freq``)
+        draw, and false from ``jacobian_stop_step`` on."""
+        draw = jax.random.bernoulli(key, self.jacobian_freq)
+        if self.jacobian_stop_step > 0:
+            draw = draw & (step < self.jacobian_stop_step)
+        return draw
+
+    def weight_at(self, step: jax.Array) -> jax.Array:
+        """The reported weight ``gamma_t`` at ``step``: the ramp, 0 from the stop step."""
+        weight = self.jacobian_term().weight_at(step)
+        if self.jacobian_stop_step > 0:
+            weight = jnp.where(step < self.jacobian_stop_step, weight, 0.0)
+        return weight

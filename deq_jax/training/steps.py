@@ -126,11 +126,12 @@ def make_train_step(
       mesh: the data-parallel mesh.
       regression: mean squared error instead of cross-entropy (no ``accuracy``).
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
-        With ``jacobian_freq < 1`` a `jax.lax.cond` on the step's Bernoulli draw runs
-        either the regularised or the plain gradient, so skipped steps cost nothing; on
-        CPU devices (`branches_are_slow`) every step computes the term and the draw
-        masks it instead, with the same loss, gradients and metrics while the term is
-        finite (a non-finite term on a skipped step may make `apply_if_finite` skip it).
+        With ``jacobian_freq < 1`` or a ``jacobian_stop_step`` a `jax.lax.cond` on the
+        step's draw (`JacobianRegularizer.draw`) runs either the regularised or the
+        plain gradient, so skipped steps cost nothing; on CPU devices
+        (`branches_are_slow`) every step computes the term and the draw masks it
+        instead, with the same loss, gradients and metrics while the term is finite (a
+        non-finite term on a skipped step may make `apply_if_finite` skip it).
       interventions: the path-independence interventions (randomised forward budget,
         alignment penalty); ``None`` means none.
       extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
@@ -238,10 +239,10 @@ def make_train_step(
 
         budget_index = pi.draw_budget(k_budget) if pi.budgets else None
         applied = jnp.asarray(jacobian is not None, jnp.float32)
-        if jacobian is None or reg.jacobian_freq >= 1.0:
+        if jacobian is None or not reg.drawn:
             result = budgeted(regularised)
         else:
-            draw = reg.draw(k_draw)
+            draw = reg.draw(k_draw, state.step)
             applied = draw.astype(jnp.float32)
             if branches_are_slow(mesh):
                 result = budgeted(regularised, gate=applied)
@@ -260,7 +261,7 @@ def make_train_step(
         for name, value in read_stats_probe(probe_grad).items():
             metrics[f"bwd_{name}"] = value
         if jacobian is not None:
-            metrics["jacobian_weight"] = jacobian.weight_at(state.step)
+            metrics["jacobian_weight"] = reg.weight_at(state.step)
             metrics["jacobian_applied"] = applied
         if pi.budgets:
             metrics["train_budget"] = jnp.asarray(pi.budgets, jnp.float32)[budget_index]
