@@ -108,13 +108,47 @@ def test_configs_fit_the_data_and_the_paper():
         assert "python -m launch.main --config configs/" in module.__doc__
 
 
+def test_cifar10_sizes_follow_locuslab():
+    # experiments/cifar/cls_mdeq_TINY.yaml: 50 epochs of 128, no augmentation, 22/24.
+    tiny = mdeq_cifar10.get_config()
+    assert tiny.train.steps == round(50 * mdeq_cifar10.TRAIN_IMAGES / 128) == 17_578
+    assert (tiny.task.crop_padding, tiny.task.flip) == (0, False)
+    assert (tiny.deq.train_max_iter, tiny.deq.backward.ift.max_iter) == (22, 24)
+    # cls_mdeq_LARGE.yaml and cls_mdeq_LARGE_reg.yaml (locuslab/deq's MDEQ-Vision).
+    large = mdeq_cifar10.get_config("large")
+    assert large.model.head_channels == (14, 28, 56, 112) and large.model.dropout_rate == 0.3
+    assert (large.deq.train_max_iter, large.deq.backward.ift.max_iter) == (18, 20)
+    assert large.train.pretrain_steps == 20_000 and large.regularizer.jacobian_weight == 0
+    reg = mdeq_cifar10.get_config("large,jacobian")
+    assert (reg.deq.train_max_iter, reg.deq.eval_max_iter, reg.deq.backward.ift.max_iter) == (
+        8,
+        8,
+        7,
+    )
+    assert (
+        dict(reg.regularizer).items()
+        >= {
+            "jacobian_weight": 0.4,
+            "jacobian_freq": 0.02,
+            "jacobian_samples": 2,
+        }.items()
+    )
+    epoch = mdeq_cifar10.TRAIN_IMAGES / reg.train.batch_size
+    assert reg.regularizer.jacobian_stop_step == round(90 * epoch)
+    assert reg.train.steps == round(220 * epoch) and reg.model.dropout_rate == 0.22
+    assert mdeq_cifar10.get_config("large,explicit").train.pretrain_steps == 0
+    with pytest.raises(ValueError, match="one size"):
+        mdeq_cifar10.get_config("small,large")
+
+
 @pytest.mark.slow
-def test_cifar10_smoke_on_python_batches(tmp_path):
+@pytest.mark.parametrize("arg", ["smoke", "smoke,large,jacobian"])
+def test_cifar10_smoke_on_python_batches(tmp_path, arg):
     from test_tasks_cifar_files import write_cifar_dir
 
     cifar_dir = str(tmp_path / "cifar-10-batches-py")
     write_cifar_dir(cifar_dir)
-    config = mdeq_cifar10.get_config("smoke")
+    config = mdeq_cifar10.get_config(arg)
     config.task.update(dict(dir=cifar_dir, data_dir=str(tmp_path / "data"), valid_size=8))
     config.eval.batch_size = 8
     result = train_and_evaluate(config, str(tmp_path / "run"), emit=lambda _: None)
