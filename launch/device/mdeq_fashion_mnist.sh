@@ -11,6 +11,9 @@
 # Writes OUT_DIR/<run>/ (each run's workdir: report.json, metrics) and OUT_DIR/*.log.
 # CONFIG (default configs/mdeq_fashion_mnist.py:gpu) and EXTRA (more --config flags
 # for every run) change what runs; EXTRA="--config.train.batch_size=8" etc. on a CPU.
+# RUNS lists the runs as variant:seed (default deq:0,deq:1,deq:2,explicit:0,jacobian:0);
+# JAC_STOP (a fraction, e.g. 0.41 as locuslab's JAC_STOP_EPOCH 90 of 220) ends the
+# Jacobian runs' term at that fraction of the fitted steps.
 set -euo pipefail
 out=$1
 seconds=${2:-330}
@@ -20,7 +23,7 @@ extra=${EXTRA:-}
 py=${PYTHON:-python3}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$out"
-runs=("deq 0" "deq 1" "deq 2" "explicit 0" "jacobian 0")
+IFS=, read -r -a runs <<< "${RUNS:-deq:0,deq:1,deq:2,explicit:0,jacobian:0}"
 
 "$py" -m launch.step_cost --config "$config" --workdir "$out/cost_tiny" --budgets 12 \
   --backwards ift --repeats 5 --synthetic --input_shape 28,28,1 $extra 2>&1 | tail -3
@@ -29,15 +32,18 @@ steps=$("$py" -c "print(max(20, int($seconds / ($step_s * ${#runs[@]} * 1.3)) //
 echo "train step ${step_s}s alone; ${#runs[@]} runs of $steps steps each"
 
 for run in "${runs[@]}"; do
-  set -- $run
-  variant=$1 seed=$2
+  variant=${run%%:*} seed=${run##*:}
   suffix=""; [ "$variant" != deq ] && suffix=",$variant"
   pre=$((steps / 8)); [ "$variant" = explicit ] && pre=0
+  stop=""
+  if [ "$variant" = jacobian ] && [ -n "${JAC_STOP:-}" ]; then
+    stop="--config.regularizer.jacobian_stop_step=$("$py" -c "print(int($steps * $JAC_STOP))")"
+  fi
   "$py" -m launch.main --config "$config$suffix" --workdir "$out/${variant}_s$seed" \
     --config.task.dir="$data" --config.train.seed="$seed" --config.train.steps="$steps" \
     --config.train.pretrain_steps="$pre" --config.train.warmup_steps=$((steps / 20)) \
     --config.eval.every_steps="$steps" --config.ckpt.every_steps="$steps" \
-    --config.log.every_steps=$((steps / 10)) $extra > "$out/${variant}_s$seed.log" 2>&1 &
+    --config.log.every_steps=$((steps / 10)) $stop $extra > "$out/${variant}_s$seed.log" 2>&1 &
 done
 wait
 grep -h -A6 "Per-length" "$out"/*_s*.log || true
