@@ -101,6 +101,7 @@ def test_stop_step_ends_the_term():
     np.testing.assert_allclose(got, [0.0, 1.0, 2.0, 0.0, 0.0])
     key = jax.random.key(0)
     assert [bool(reg.draw(key, jnp.asarray(t))) for t in (0, 5, 6, 7)] == [1, 1, 0, 0]
+    assert float(JacobianRegularizer().weight_at(jnp.asarray(3))) == 0.0
     # p < 1 and a stop: the Bernoulli draw before the stop, nothing after it.
     half = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5, jacobian_stop_step=50)
     keys = jax.random.split(key, 200)

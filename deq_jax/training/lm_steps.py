@@ -110,8 +110,8 @@ def make_lm_train_step(
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         With ``jacobian_freq < 1`` or a ``jacobian_stop_step`` a `jax.lax.cond` on the
         step's draw (`JacobianRegularizer.draw`) runs the regularised or the plain
-        gradient (locuslab's ``jac_loss_freq``). Not
-        applied in the stacked modes (no fixed point); refused with ``"unrolled"``.
+        gradient (locuslab's ``jac_loss_freq``). Not applied in the stacked modes (no
+        fixed point); refused with ``"unrolled"``.
 
     Raises:
       ValueError: for the Jacobian term on a ``mode="unrolled"`` model.

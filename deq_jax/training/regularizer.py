@@ -155,8 +155,12 @@ class JacobianRegularizer:
         return draw
 
     def weight_at(self, step: jax.Array) -> jax.Array:
-        """The reported weight ``gamma_t`` at ``step``: the ramp, 0 from the stop step."""
-        weight = self.jacobian_term().weight_at(step)
+        """The reported weight ``gamma_t`` at ``step``: the ramp, 0 from the stop step
+        (and always 0 with the regulariser off)."""
+        term = self.jacobian_term()
+        if term is None:
+            return jnp.zeros((), jnp.float32)
+        weight = term.weight_at(step)
         if self.jacobian_stop_step > 0:
             weight = jnp.where(step < self.jacobian_stop_step, weight, 0.0)
         return weight
