@@ -106,7 +106,6 @@ def _large(config: ConfigDict, *, regularised: bool, deq: bool) -> None:
         config.deq.backward.ift.max_iter = 20
         config.train.update(dict(steps=_epochs(220, 128), batch_size=128, warmup_steps=1_000))
         config.train.pretrain_steps = 20_000 if deq else 0
-        per_epoch = TRAIN_IMAGES / 128
     else:
         config.model.dropout_rate = 0.22
         config.deq.update(dict(train_max_iter=8, eval_max_iter=8))
@@ -121,6 +120,5 @@ def _large(config: ConfigDict, *, regularised: bool, deq: bool) -> None:
                 jacobian_stop_step=_epochs(90, 96),
             )
         )
-        per_epoch = TRAIN_IMAGES / 96
-    config.eval.every_steps = round(10 * per_epoch)
-    config.ckpt.every_steps = round(5 * per_epoch)
+    config.eval.every_steps = _epochs(10, config.train.batch_size)
+    config.ckpt.every_steps = _epochs(5, config.train.batch_size)
