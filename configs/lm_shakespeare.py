@@ -65,7 +65,9 @@ def lm_config() -> ConfigDict:
     config = default.get_config()
     del config.path_independence  # no randomised budgets or alignment for the LM
     config.train.update(dict(seq_len=64, pretrain_steps=0))
-    config.eval.update(dict(seq_len=0, budget_multipliers=(1,)))
+    # the periodic evaluation reads the validation split only (it selects the
+    # checkpoint); the final evaluation reads valid and test, test once
+    config.eval.update(dict(seq_len=0, budget_multipliers=(1,), splits=("valid",)))
     return config
 
 

@@ -33,7 +33,8 @@ longer (41.0 against 26.9 path pixels on 13x13 mazes), tested on 9x9 to 21x21::
     python -m launch.main --config configs/mazes.py:benchmark --workdir /tmp/mazes_bench
     python -m launch.main --config configs/mazes.py:benchmark,smoke --workdir /tmp/mzb_smoke
 
-The best checkpoint is chosen on ``valid``, new mazes of the training size, which a
+The periodic evaluation reads ``valid`` only; the test mazes are read once, by the final
+report. The best checkpoint is chosen on ``valid``, new mazes of the training size, which a
 trained model solves from early on; ``--config.task.val_maze_size=11`` draws them at
 11x11 instead (between the training and test sizes), so the kept checkpoint is the one
 that extrapolates best.
@@ -43,7 +44,7 @@ training set (50,000 mazes), batches of 128, 1,000 test mazes per size, selectio
 500 new 13x13 mazes (at this width 11x11 validation scores 1.000 from the first
 evaluation on, so the first checkpoint wins the tie), and weight averaging
 (``train.ema_decay=0.999``: evaluation and selection use the moving average of the
-weights, and each periodic evaluation also logs the raw weights as ``test_13_raw``;
+weights, and each periodic evaluation also logs the raw weights as ``valid_raw``;
 on the CPU at width 32 the average beat the raw weights at 22 of 24 evaluations,
 BUILD_NOTES.md "Mazes"). ``launch/device/mazes_benchmark.sh`` trains three seeds of
 ``benchmark,gpu`` (with the Jacobian penalty) side by side in a wall-clock budget and
@@ -120,7 +121,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
         dict(
             every_steps=500,
             batch_size=100,
-            splits=("test_9", "test_13"),
+            # valid only: it selects the checkpoint, and the test mazes are read once,
+            # by the final report (--config.eval.splits="('valid','test_13')" to watch
+            # a test size during training)
+            splits=("valid",),
             max_batches=1,
             budget_multipliers=(1, 2, 4),
         )
@@ -153,6 +157,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
                 val_size=16,
             ),
             model=dict(width=8, num_blocks=1),
-            eval=dict(splits=("test_5", "test_7")),
+            eval=dict(splits=("valid",)),
         )
     return config

@@ -68,8 +68,13 @@ def test_smoke_run_writes_report_checkpoints_and_metrics(trained):
         assert np.isfinite(metrics["bpc"]) and 0 < metrics["bpc"] < 8
         assert metrics["tokens"] > 0 and metrics["nstep_mean"] >= 1
     assert report["train_tokens_per_second"] > 0
-    train = [r for r in writers.read_metrics(workdir) if r["split"] == "train"]
+    records = writers.read_metrics(workdir)
+    train = [r for r in records if r["split"] == "train"]
     assert train and all(np.isfinite(r["loss"]) for r in train)
+    # The periodic evaluation (step 2) reads valid only; test is read once, at the end.
+    periodic = {r["split"] for r in records if r["split"] != "train" and r["step"] < result.step}
+    assert periodic == {"valid"}
+    assert {r["split"] for r in records if r["step"] == result.step} >= {"valid", "test"}
     assert any("warm-up over" in line for line in lines)  # 2 weight-tied, then 2 DEQ steps
     assert os.path.exists(os.path.join(workdir, "vocab.json"))
 

@@ -194,8 +194,12 @@ def test_smoke_config_runs_end_to_end(tmp_path):
     assert result.step == config.train.steps
     saved = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
     assert saved and saved[-1] == config.train.steps
-    train = [r for r in writers.read_metrics(workdir) if r["split"] == "train"]
+    records = writers.read_metrics(workdir)
+    train = [r for r in records if r["split"] == "train"]
     assert train and all(np.isfinite(train[-1][k]) for k in ("loss", "grad_norm", "nstep_mean"))
+    # The periodic evaluation (step 2) reads valid only; the test mazes are read once.
+    periodic = {r["split"] for r in records if r["split"] != "train" and r["step"] < result.step}
+    assert periodic == {"valid"} and set(result.eval_metrics) == {"valid"}
     with open(os.path.join(workdir, "length_generalization.json")) as f:
         report = json.load(f)
     base = config.deq.train_max_iter

@@ -123,7 +123,9 @@ def train_language_model(
     evaluator = StreamEvaluator(
         model, task, mesh, ec.batch_size, ec.seq_len or tc.seq_len, ec.max_batches
     )
-    eval_splits = tuple(ec.splits) or tuple(task.eval_splits)
+    # The periodic evaluation reads ``eval.splits`` (the configs: the validation split,
+    # which selects the checkpoint); the final one every eval split, test read once.
+    periodic_splits = tuple(ec.splits) or tuple(task.eval_splits)
     writer = MetricWriter(workdir, tensorboard=config.log.tensorboard, enabled=lead)
     stop = min(tc.stop_at_step, tc.steps) if tc.stop_at_step else tc.steps
     progress = ProgressLogger(tc.steps, start, emit=emit)
@@ -139,10 +141,12 @@ def train_language_model(
         return "weight_tied" if step <= tc.pretrain_steps else None
 
     def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
+        """The periodic evaluation, or with ``full`` the final one: whole splits, each
+        eval split of the task."""
         evaluator.max_batches = 0 if full else ec.max_batches
         results = {}
         weights = weights_to_score(state if scored is None else scored, ec)
-        for split in eval_splits:
+        for split in task.eval_splits if full else periodic_splits:
             for suffix, scored_weights in weights.items():
                 metrics = evaluator.evaluate(scored_weights, split, mode=phase(step))
                 results.setdefault(split, metrics)  # the average's (or the only weights')
@@ -211,7 +215,7 @@ def train_language_model(
             scored = state if best.step in (None, last_step) else best.restore(state)
             emit(
                 f"Final evaluation at step {last_step} of {best.describe()}, on every "
-                f"segment of {eval_splits}:"
+                f"segment of {tuple(task.eval_splits)}:"
             )
             eval_metrics = run_eval(last_step, full=True, scored=scored)
             if lead:

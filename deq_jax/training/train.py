@@ -293,13 +293,13 @@ def train_and_evaluate(
         process_count=jax.process_count(),
     )
 
-    def run_eval(step: int, full: bool, scored: TrainState | None = None) -> dict[str, dict]:
-        """Every eval split of ``scored`` (default: the current state) at ``step``."""
+    def run_eval(step: int, full: bool, scored: TrainState | None = None, splits=()) -> dict:
+        """``splits`` (or ``eval.splits``) of ``scored`` (or the state) at ``step``."""
         if full:
             evaluator.max_batches = 0
         results = {}
         weights = evaluate.weights_to_score(state if scored is None else scored, config.eval)
-        for split in eval_splits:
+        for split in splits or eval_splits:
             for suffix, scored_weights in weights.items():
                 metrics = evaluator.evaluate(scored_weights, split)
                 results.setdefault(split, metrics)  # the average's (or the only weights')
@@ -386,9 +386,11 @@ def train_and_evaluate(
                 )
                 emit(f"Wrote {path}")
             if same:
-                eval_metrics = {s: report[same][s] for s in eval_splits}
+                eval_metrics = {s: report[same][s] for s in eval_splits if s in report[same]}
                 for split, metrics in eval_metrics.items():
                     writer.write(last_step, split, metrics)
+                if missing := tuple(s for s in eval_splits if s not in report[same]):
+                    eval_metrics.update(run_eval(last_step, True, scored, missing))  # valid
     finally:
         ckpt.close()
         best.close()
