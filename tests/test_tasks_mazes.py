@@ -277,7 +277,9 @@ def test_configs_pin_random_start_and_the_benchmark_variant_uses_from_start():
     )
     assert bench.task.generator == bench_smoke.task.generator == "from_start"
     assert bench.task.train_maze_size == 9 and bench.task.test_maze_sizes == (9, 13, 15, 21)
-    assert set(bench.eval.splits) <= {f"test_{s}" for s in bench.task.test_maze_sizes}
+    # the periodic evaluation reads the validation split, never a test size
+    assert tuple(bench.eval.splits) == tuple(bench_smoke.eval.splits) == ("valid",)
+    assert bench.task.val_size > 0 and bench_smoke.task.val_size > 0
     assert bench_smoke.train.steps == smoke.train.steps and bench_smoke.task.train_maze_size == 5
     task = tasks.get(**bench_smoke.task.to_dict())
     assert task.config.generator == "from_start" and task.config.files_dir == ""
