@@ -24,8 +24,10 @@ def test_readme_install_extras_are_defined():
     parser = configparser.ConfigParser()
     parser.read(ROOT / "setup.cfg")
     extras = parser["options.extras_require"]
-    used = set(re.findall(r'pip install -e "\.\[(\w+)\]"', README.read_text()))
-    assert {"test", "tensorboard"} <= used
+    lists = re.findall(r'pip install -e "\.\[([\w,]+)\]"', README.read_text())
+    used = {extra for names in lists for extra in names.split(",")}
+    assert "train,test" in lists, "the set-up command installs the train and test extras"
+    assert {"train", "test", "tensorboard"} <= used
     for extra in used:
         assert extra in extras, f"README installs .[{extra}], which setup.cfg does not define"
     assert "tensorboard" in extras["tensorboard"].split()
