@@ -18,11 +18,11 @@ This tool measures both, so the workarounds can be re-checked on a new JAX:
    after a warm-up), with `jax.lax.conv_general_dilated` and with deq_jax's
    (`deq_jax.nn.conv`, whose derivatives are plain convolutions and matrix products);
 2. the config's train step at forward budget ``--budget`` (whole
-   budget, `launch.step_cost`) with the Jacobian draw masked and as ``lax.cond``.
+   budget, `benchmarks.step_cost`) with the Jacobian draw masked and as ``lax.cond``.
 
 Usage (as recorded in BUILD_NOTES.md)::
 
-    python -m launch.branch_cost --config configs/mazes.py:benchmark \\
+    python -m benchmarks.branch_cost --config configs/mazes.py:benchmark \\
         --config.model.width=64 --config.regularizer.jacobian_weight=0.1 \\
         --config.regularizer.jacobian_freq=0.5 --workdir /tmp/branch_cost
 """
@@ -34,9 +34,9 @@ from collections.abc import Sequence
 
 from absl import flags
 
+from benchmarks import conv_cost, step_cost
 from deq_jax.training.writers import write_json
-from launch import conv_cost, step_cost
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 _SHAPE = flags.DEFINE_list("shape", ["32", "11", "11", "64"], "B,H,W,C of the convolutions.")
 _BUDGET = flags.DEFINE_integer("budget", 8, "Forward budget of the train step.")
@@ -46,7 +46,7 @@ _BACKWARD = flags.DEFINE_string("backward", "jacobian_free", "Backward mode of t
 def conv_gradient_ms(shape: Sequence[int], repeats: int, convolution: str) -> dict[str, float]:
     """Milliseconds of the gradient of ``sum(tanh(conv(tanh(conv(x, w)), w)))`` w.r.t.
     ``w`` and ``x``: ``plain``, inside ``lax.cond`` and inside a one-step ``lax.scan``,
-    with ``convolution`` (one of `launch.conv_cost.CONVOLUTIONS`) as ``conv``."""
+    with ``convolution`` (one of `benchmarks.conv_cost.CONVOLUTIONS`) as ``conv``."""
     import jax
     import jax.numpy as jnp
 
@@ -79,7 +79,7 @@ def conv_gradient_ms(shape: Sequence[int], repeats: int, convolution: str) -> di
 
 
 def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats: int) -> dict:
-    """The config's train step (`launch.step_cost`) with the Jacobian draw masked and as
+    """The config's train step (`benchmarks.step_cost`) with the Jacobian draw masked and as
     a `jax.lax.cond`: ``{"masked": s, "cond": s}``."""
     from deq_jax.training import steps
 
@@ -96,8 +96,8 @@ def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
     import jax
 
     report = {"device": jax.devices()[0].device_kind, "shape": [int(s) for s in _SHAPE.value]}
@@ -109,7 +109,7 @@ def main(argv: Sequence[str]) -> None:
             f"conv gradient {'x'.join(_SHAPE.value)} ({convolution}): "
             + ", ".join(f"{k} {v:.1f} ms ({v / ms['plain']:.1f}x)" for k, v in ms.items())
         )
-    config, workdir = launch_main._CONFIG.value, launch_main._WORKDIR.value
+    config, workdir = launch_flags.CONFIG.value, launch_flags.WORKDIR.value
     os.makedirs(workdir, exist_ok=True)
     step = train_step_seconds(
         config, workdir, _BUDGET.value, _BACKWARD.value, step_cost._REPEATS.value
@@ -126,4 +126,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -2,13 +2,13 @@ r"""Benchmarks composed solvers against their parts on the tanh cell (issue 38).
 
 ``sequence((fixed_point_iteration, 3), anderson)`` and ``fallback(anderson, broyden)``
 against fixed-point iteration, Anderson and Broyden, on the cell of
-`launch.benchmark_solvers` with W scaled from one Gaussian draw to each spectral norm
+`benchmarks.solvers` with W scaled from one Gaussian draw to each spectral norm
 of ``--composed_norms`` (its ``norm<value>`` problems): f-evaluations, convergence and
 wall time to each tolerance of ``--tols``, then the time of one step from fixed-budget
 runs of ``--step_budget`` steps and each combinator's overhead over its active part.
-One JSON line per measurement. The flags of `launch.benchmark_solvers` apply.
+One JSON line per measurement. The flags of `benchmarks.solvers` apply.
 
-  python -m launch.benchmark_composed --width 64 --batch 16 --repeats 3
+  python -m benchmarks.composed --width 64 --batch 16 --repeats 3
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import numpy as np
 from absl import app, flags
 
 import deq_jax as dj
-from launch.benchmark_solvers import (
+from benchmarks.solver_problems import header, json_lines
+from benchmarks.solvers import (
     _BATCH,
     _MAX_ITER,
     _OUTPUT,
@@ -33,7 +34,6 @@ from launch.benchmark_solvers import (
     relative_residual,
     timed,
 )
-from launch.solver_problems import header, json_lines
 
 _COMPOSED_NORMS = flags.DEFINE_list(
     "composed_norms", ["0.9", "1.5", "2.5", "3.0"], "Spectral norms of W."

@@ -14,7 +14,7 @@ backward solve evaluates one per iteration) and its weight gradient slowly every
 * the weight VJP (once per train step);
 
 with lax's derivatives and with deq_jax's, and then the config's whole train step
-(`launch.step_cost`, the whole budget run) at forward budget ``--step_budget`` with
+(`benchmarks.step_cost`, the whole budget run) at forward budget ``--step_budget`` with
 backward ``--step_backward``, both ways: the lax way by turning
 `deq_jax.nn.conv.fast_path_applies` off for that compile; with ``--spectral_iters``
 also the spectral-radius diagnostic (power iterations of JVPs, which the library traces
@@ -23,7 +23,7 @@ a warm-up. Writes ``{workdir}/conv_cost.json``.
 
 Usage (as recorded in BUILD_NOTES.md)::
 
-    python -m launch.conv_cost --config configs/mdeq_fashion_mnist.py \\
+    python -m benchmarks.conv_cost --config configs/mdeq_fashion_mnist.py \\
         --config.train.batch_size=32 --workdir /tmp/conv_cost --synthetic \\
         --input_shape=28,28,1
 """
@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 from absl import flags
 
+from benchmarks import step_cost
 from deq_jax.training.writers import write_json
-from launch import main as launch_main
-from launch import step_cost
+from launch import flags as launch_flags
 
 _SHAPES = flags.DEFINE_multi_string(
     "shapes",
@@ -119,7 +119,7 @@ def convolution_ms(shape: Sequence[int], loop_steps: int, repeats: int) -> dict[
 
 
 def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats: int) -> dict:
-    """The config's train step (`launch.step_cost`) with each convolution's derivatives:
+    """The config's train step (`benchmarks.step_cost`) with each convolution's derivatives:
     ``{"lax" | "deq_jax": {"train_seconds", "temp_bytes", "batch_size"}}``, with
     ``spectral_seconds`` (the spectral-radius diagnostic's step) for ``--spectral_iters``
     above 0."""
@@ -138,8 +138,8 @@ def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
     import jax
 
     repeats = step_cost._REPEATS.value
@@ -152,7 +152,7 @@ def main(argv: Sequence[str]) -> None:
             lax, ours = ms["lax"][key], ms["deq_jax"][key]
             print(f"{shape:<22}{key:<20}{lax:>10.1f}{ours:>12.1f}{lax / ours:>9.1f}x")
     if not _SKIP_TRAIN_STEP.value:
-        config, workdir = launch_main._CONFIG.value, launch_main._WORKDIR.value
+        config, workdir = launch_flags.CONFIG.value, launch_flags.WORKDIR.value
         os.makedirs(workdir, exist_ok=True)
         step = train_step_seconds(config, workdir, _BUDGET.value, _BACKWARD.value, repeats)
         report["train_step"] = {"budget": _BUDGET.value, "backward": _BACKWARD.value, **step}
@@ -170,11 +170,11 @@ def main(argv: Sequence[str]) -> None:
                 f"spectral radius ({step_cost._SPECTRAL_ITERS.value} power iterations): lax "
                 f"{lax:.3f} s, deq_jax {ours:.3f} s: {lax / ours:.1f}x"
             )
-    path = os.path.join(launch_main._WORKDIR.value, "conv_cost.json")
+    path = os.path.join(launch_flags.WORKDIR.value, "conv_cost.json")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_json(path, report, indent=2)
     print(f"Wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -10,7 +10,7 @@ of ``--repeats`` calls after the compile). Every solve runs its whole budget
 backward's memory does not grow with the forward budget, while backprop's grows
 linearly::
 
-    python -m launch.lm_memory --config configs/lm_shakespeare.py --workdir /tmp/lm_mem
+    python -m benchmarks.lm_memory --config configs/lm_shakespeare.py --workdir /tmp/lm_mem
 
 Writes ``{workdir}/lm_memory.json`` and prints a table. The parameters are the fresh
 initialisation (memory does not depend on the weights).
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from deq_jax.training.writers import write_json
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 _BUDGETS = flags.DEFINE_list("budgets", ["30", "60", "120"], "Forward budgets.")
 _BACKWARDS = flags.DEFINE_list("backwards", ["ift", "unrolled"], "Backward modes.")
@@ -84,9 +84,9 @@ def measure(config, workdir: str, budgets: Sequence[int], backwards: Sequence[st
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
-    config, workdir = launch_main._CONFIG.value, launch_main._WORKDIR.value
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
+    config, workdir = launch_flags.CONFIG.value, launch_flags.WORKDIR.value
     rows = measure(
         config,
         workdir,
@@ -106,4 +106,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -5,8 +5,8 @@ Gaussian with spectral norm 0.9), ``hard`` (W symmetric with spectral norm 0.99 
 weak injection: plain iteration is slow) and ``norm<value>`` (the easy draw of W scaled
 to that spectral norm); `over_active`, the price of a composed solver's step; and the
 output the launches share (`json_lines`, `header`).
-`launch.benchmark_solvers`, `launch.benchmark_composed` and
-`launch.solver_step_cost` share them; flags live in those launches, so importing this
+`benchmarks.solvers`, `benchmarks.composed` and
+`benchmarks.solver_step_cost` share them; flags live in those launches, so importing this
 module (as the tests do) defines none.
 """
 

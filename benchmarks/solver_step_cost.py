@@ -1,7 +1,7 @@
 r"""The cost of one solver step relative to one fixed-point step, on the benchmark cell.
 
 Every solver runs its whole budget (``full_budget=True``, ``--steps`` f-evaluations) on
-the same batch of `launch.benchmark_solvers`' cell z = tanh(W z + U x + b), so the
+the same batch of `benchmarks.solvers`' cell z = tanh(W z + U x + b), so the
 only difference between two runs is what the solver does per step. The runs are
 interleaved (one of each solver per round, ``--repeats`` rounds after a warm-up) and
 the median per step is reported, as wall time and as CPU time of this process (CPU
@@ -11,7 +11,7 @@ relative to fixed_point_iteration.
 
 As recorded in BUILD_NOTES.md:
 
-  python -m launch.solver_step_cost --repeats 31
+  python -m benchmarks.solver_step_cost --repeats 31
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ import jax.numpy as jnp
 from absl import app, flags
 
 import deq_jax as dj
-from launch.solver_problems import cell, make_problem, over_active
+from benchmarks.solver_problems import cell, make_problem, over_active
 
 _WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Batch size B.")
 _REPEATS = flags.DEFINE_integer("repeats", 31, "Timed rounds (median).")
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the problem.")
 _STEPS = flags.DEFINE_integer("steps", 100, "f-evaluations per run (the whole budget).")
-_PROBLEM = flags.DEFINE_string("problem", "norm0.9", "A problem of launch.benchmark_solvers.")
+_PROBLEM = flags.DEFINE_string("problem", "norm0.9", "A problem of benchmarks.solvers.")
 
 # name -> (solver spec, keyword sections by solver name); fixed_point_iteration first:
 # the unit. The composed solvers (`deq_jax.solvers.sequence`, `fallback`, `restart`)

@@ -19,19 +19,19 @@ unrolled gradients. A PNG of residual vs iteration is written next to the JSON l
 
 Full run (width 256, batch 64), as recorded in BUILD_NOTES.md:
 
-  python -m launch.benchmark_solvers --output /tmp/bench/solvers.jsonl
+  python -m benchmarks.solvers --output /tmp/bench/solvers.jsonl
 
 The spectral-norm sweep of BUILD_NOTES.md:
 
-  python -m launch.benchmark_solvers --problems norm0.9,norm1.5,norm2.5,norm3.0 --repeats 5 \
+  python -m benchmarks.solvers --problems norm0.9,norm1.5,norm2.5,norm3.0 --repeats 5 \
       --memory_budgets= --output /tmp/bench/norms.jsonl
 
 A quick run:
 
-  python -m launch.benchmark_solvers --width 32 --batch 8 --repeats 2 --output /tmp/b.jsonl
+  python -m benchmarks.solvers --width 32 --batch 8 --repeats 2 --output /tmp/b.jsonl
 
 The composed solvers against their parts (on ``norm<value>`` problems):
-``launch/benchmark_composed.py``.
+``benchmarks/composed.py``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import optax
 from absl import app, flags
 
 import deq_jax as dj
-from launch.solver_problems import cell, header, json_lines, make_problem
+from benchmarks.solver_problems import cell, header, json_lines, make_problem
 
 _WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
 _BATCH = flags.DEFINE_integer("batch", 64, "Batch size B.")

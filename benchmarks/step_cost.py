@@ -12,7 +12,7 @@ whole budget (``full_budget``), so the budgets really differ. The DEQ claim is t
 implicit backward's memory does not grow with the forward budget, while backprop's
 grows linearly::
 
-    python -m launch.step_cost --config configs/mdeq_fashion_mnist.py --workdir /tmp/cost
+    python -m benchmarks.step_cost --config configs/mdeq_fashion_mnist.py --workdir /tmp/cost
 
 ``--synthetic`` draws standard-normal images of ``--input_shape`` (default: the task's)
 and random labels instead of reading the task's data, for an accelerator without the
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from absl import flags
 
 from deq_jax.training.writers import write_json
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 _BUDGETS = flags.DEFINE_list("budgets", ["18", "36", "72"], "Forward budgets.")
 _BACKWARDS = flags.DEFINE_list("backwards", ["ift", "unrolled"], "Backward modes.")
@@ -197,9 +197,9 @@ def measure(
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
-    config, workdir = launch_main._CONFIG.value, launch_main._WORKDIR.value
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
+    config, workdir = launch_flags.CONFIG.value, launch_flags.WORKDIR.value
     os.makedirs(workdir, exist_ok=True)
     rows = measure(
         config,
@@ -230,4 +230,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

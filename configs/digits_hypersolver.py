@@ -5,7 +5,7 @@ Train the DEQ, then its solver with the DEQ frozen, then sweep the solvers::
     python -m launch.main --config configs/digits.py --workdir /tmp/digits
     python -m launch.main --config configs/digits_hypersolver.py --workdir /tmp/digits_solver \\
         --config.neural_solver.deq_workdir=/tmp/digits
-    python -m launch.solver_pareto --config configs/digits_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/digits_hypersolver.py \\
         --workdir /tmp/digits_solver --config.neural_solver.deq_workdir=/tmp/digits
 
 The task, model and solver sections are those of ``configs/digits.py`` (the checkpoint

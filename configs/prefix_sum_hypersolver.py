@@ -5,7 +5,7 @@ Train the DEQ, then its solver with the DEQ frozen, then sweep the solvers::
     python -m launch.main --config configs/prefix_sum.py --workdir /tmp/ps
     python -m launch.main --config configs/prefix_sum_hypersolver.py --workdir /tmp/ps_solver \\
         --config.neural_solver.deq_workdir=/tmp/ps
-    python -m launch.solver_pareto --config configs/prefix_sum_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/prefix_sum_hypersolver.py \\
         --workdir /tmp/ps_solver --config.neural_solver.deq_workdir=/tmp/ps
 
 The task, model and solver sections are those of ``configs/prefix_sum.py`` (the

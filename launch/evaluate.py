@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from deq_jax.training.writers import write_json
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 _SPLITS = flags.DEFINE_list("splits", [], "Splits to evaluate (default: every eval split).")
 _MAX_ITERS = flags.DEFINE_list("max_iters", [], "Solver budgets (default: the multipliers).")
@@ -67,13 +67,13 @@ _MAX_BATCHES = flags.DEFINE_integer(
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
+    launch_flags.reject_arguments(argv)
     from deq_jax.training import evaluate_checkpoint
     from deq_jax.training.checkpoint import saved_steps
 
-    launch_main.quiet_library_logs()
-    config = launch_main.checked_config()
-    workdir = launch_main._WORKDIR.value
+    launch_flags.quiet_library_logs()
+    config = launch_flags.checked_config()
+    workdir = launch_flags.WORKDIR.value
     if not saved_steps(workdir):
         print(
             f"FATAL No checkpoint in {os.path.join(workdir, 'checkpoints')}: train one first "
@@ -83,7 +83,7 @@ def main(argv: Sequence[str]) -> None:
         )
         sys.exit(2)
     evaluate, extra = evaluate_checkpoint, dict(max_batches=_MAX_BATCHES.value)
-    if launch_main.is_language_model(config):  # whole splits streamed with the memory
+    if launch_flags.is_language_model(config):  # whole splits streamed with the memory
         from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint as evaluate
 
         extra = dict(exclude=_EXCLUDE.value)
@@ -108,4 +108,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -12,207 +12,49 @@ fields of its section; so does a config the library refuses (an unknown solver n
 empty ``--workdir``, a batch size of 0: `deq_jax.training.setup.check_config`), in one
 line and before any data is generated or any directory created. The library receives
 the config object through `deq_jax.training.train_and_evaluate(config, workdir)`; it
-never reads flags.
+never reads flags. The flags and their checks live in `launch.flags`, which every other
+entry point shares.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
-import sys
 from collections.abc import Callable, Sequence
 
-from absl import app, flags, logging
-from ml_collections import ConfigDict, config_flags
+from ml_collections import ConfigDict
 
-from deq_jax.training.build import renamed_key
-from deq_jax.training.setup import check_config
 from deq_jax.training.sharding import explain_peer_failure
-from deq_jax.training.writers import write_json
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config",
-    None,
-    "Path to a config file, optionally ':arg' for get_config(arg).",
-    lock_config=True,
-)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
-
-_PREFIXES = ("--config.", "-config.", "--noconfig.", "-noconfig.")
-
-
-class UnknownOverrideError(ValueError):
-    """A ``--config.*`` override names a field the config does not have."""
-
-
-def _flag_value(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``--name=v`` or ``--name v`` in ``argv`` (the last one wins)."""
-    value = None
-    for i, arg in enumerate(argv):
-        for dashes in ("--", "-"):
-            if arg.startswith(f"{dashes}{name}="):
-                value = arg.split("=", 1)[1]
-            elif arg == f"{dashes}{name}" and i + 1 < len(argv):
-                value = argv[i + 1]
-    return value
-
-
-def load_config_file(spec: str) -> ConfigDict:
-    """Loads ``path[:arg]`` the way ``--config`` does: ``get_config(arg)`` or ``get_config()``."""
-    path, _, arg = spec.partition(":")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"Config file {path!r} not found.")
-    module_spec = importlib.util.spec_from_file_location("_launch_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.get_config(arg) if arg else module.get_config()
-
-
-def override_keys(argv: Sequence[str]) -> list[str]:
-    """The dotted field names of every ``--config.a.b=...`` style override in ``argv``."""
-    keys = []
-    for arg in argv:
-        for prefix in _PREFIXES:
-            if arg.startswith(prefix):
-                keys.append(arg[len(prefix) :].split("=", 1)[0])
-    return keys
-
-
-def check_overrides(config: ConfigDict, keys: Sequence[str]) -> None:
-    """Fails on the first override key that names no field of ``config``.
-
-    Raises:
-      UnknownOverrideError: naming the key, its section and the section's valid fields.
-    """
-    for key in keys:
-        node, seen = config, "config"
-        for part in key.split("."):
-            moved = renamed_key(key)
-            if moved and (not isinstance(node, ConfigDict) or part not in node):
-                raise UnknownOverrideError(
-                    f"--config.{key} has moved to --config.{moved}: everything a DEQ solves "
-                    "with (solver, backward mode, z_init, budgets, settle rule) lives in "
-                    "config.deq."
-                )
-            if not isinstance(node, ConfigDict) or part not in node:
-                valid = ", ".join(sorted(node.keys())) if isinstance(node, ConfigDict) else ""
-                what = f"Valid fields of {seen}: {valid}." if valid else f"{seen} is not a section."
-                raise UnknownOverrideError(
-                    f"Unknown config override --config.{key}: {seen} has no field {part!r}. {what}"
-                )
-            node, seen = node[part], f"{seen}.{part}"
-
-
-def validate_argv(argv: Sequence[str]) -> None:
-    """Checks the ``--config.*`` overrides of ``argv`` against the config file they target."""
-    spec = _flag_value(argv, "config")
-    keys = override_keys(argv)
-    if spec and keys:
-        check_overrides(load_config_file(spec), keys)
-
-
-def checked_config() -> ConfigDict:
-    """The ``--config`` after `check_config` with ``--workdir``; a refused config ends
-    the process with one ``FATAL`` line on stderr (exit status 2), no traceback."""
-    config = _CONFIG.value
-    try:
-        check_config(config, _WORKDIR.value)
-    except ValueError as e:
-        print(f"FATAL config error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    return config
+from launch import flags as launch_flags
 
 
 def main(argv: Sequence[str]) -> None:
-    reject_arguments(argv)
-    quiet_library_logs()
-    config, emit = checked_config(), functools.partial(print, flush=True)
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
+    config, emit = launch_flags.checked_config(), functools.partial(print, flush=True)
     with explain_peer_failure():
         _train(config, emit)
 
 
 def _train(config: ConfigDict, emit: Callable[[str], None]) -> None:
     """Runs the training ``config`` describes (DEQ, language model or neural solver)."""
-    language = is_language_model(config)
+    language = launch_flags.is_language_model(config)
     if config.get("neural_solver", {}).get("deq_workdir", "") and language:
         from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 
-        train_lm_hypersolver(config, _WORKDIR.value, emit=emit)
+        train_lm_hypersolver(config, launch_flags.WORKDIR.value, emit=emit)
     elif config.get("neural_solver", {}).get("deq_workdir", ""):
         from deq_jax.training import train_hypersolver
 
-        train_hypersolver(config, _WORKDIR.value, emit=emit)
+        train_hypersolver(config, launch_flags.WORKDIR.value, emit=emit)
     elif language:
         from deq_jax.training.lm_train import train_language_model
 
-        train_language_model(config, _WORKDIR.value, emit=emit)
+        train_language_model(config, launch_flags.WORKDIR.value, emit=emit)
     else:
         from deq_jax.training import train_and_evaluate
 
-        train_and_evaluate(config, _WORKDIR.value, emit=emit)
-
-
-def is_language_model(config: ConfigDict) -> bool:
-    """Whether ``config`` trains a language model (segments with memory)."""
-    return "seq_len" in config.train
-
-
-def reject_arguments(argv: Sequence[str]) -> None:
-    """Raises `absl.app.UsageError` on positional arguments (every option is a flag)."""
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-
-
-def quiet_library_logs() -> None:
-    """Shows warnings and errors only (orbax logs every save at INFO), unless the
-    command line sets ``--verbosity``."""
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-
-
-SPLITS_FLAG = "splits"
-
-
-def define_splits_flag() -> None:
-    """Defines ``--splits`` once: the per-split tools on a trained run
-    (`launch.clrs_diagnose`, `launch.clrs_steps`) share it, and both may be imported
-    into one process."""
-    if SPLITS_FLAG not in flags.FLAGS:
-        flags.DEFINE_list(SPLITS_FLAG, [], "Splits to analyse (default: every eval split).")
-
-
-def run_split_tool(
-    argv: Sequence[str],
-    analyse: Callable[..., dict],
-    write_figure: Callable[[dict, str], str],
-    output: str,
-) -> None:
-    """The ``main`` of a per-split tool on a trained run: ``analyse(config, workdir,
-    splits, emit=...)`` printing as it goes, then ``{workdir}/{output}.json`` and the
-    figure ``{output}.png`` (``write_figure(report, path)``)."""
-    reject_arguments(argv)
-    quiet_library_logs()
-    workdir = _WORKDIR.value
-    emit = functools.partial(print, flush=True)
-    report = analyse(_CONFIG.value, workdir, flags.FLAGS[SPLITS_FLAG].value, emit=emit)
-    path = os.path.join(workdir, f"{output}.json")
-    write_json(path, report, indent=2, sort_keys=True)
-    figure = write_figure(report, os.path.join(workdir, f"{output}.png"))
-    emit(f"Wrote {path}, {figure}")
-
-
-def run(entry) -> None:
-    """Validates the overrides, then runs ``entry`` under `absl.app` (``--config`` and
-    ``--workdir`` required)."""
-    try:
-        validate_argv(sys.argv[1:])
-    except (UnknownOverrideError, FileNotFoundError) as e:
-        print(f"FATAL Flags parsing error: {e}", file=sys.stderr)
-        sys.exit(2)
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(entry)
+        train_and_evaluate(config, launch_flags.WORKDIR.value, emit=emit)
 
 
 if __name__ == "__main__":
-    run(main)
+    launch_flags.run(main)

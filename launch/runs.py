@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deq_jax.training.writers import write_json, write_text
+from launch.flags import check_overrides
 
 # Fields a finished run may be loaded under with other values than it was trained with:
 # how long it trained (a longer run resumes), the test splits of its task (every task
@@ -100,10 +101,8 @@ def apply_overrides(config: Any, items: Sequence[str]) -> Any:
 
     Raises:
       ValueError: for an item without ``=``.
-      launch.main.UnknownOverrideError: for a key that names no field of ``config``.
+      launch.flags.UnknownOverrideError: for a key that names no field of ``config``.
     """
-    from launch.main import check_overrides
-
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 _PROMPT = flags.DEFINE_string("prompt", "\n", "Text the sample continues.")
 _LENGTH = flags.DEFINE_integer("length", 500, "Tokens to generate.")
@@ -33,13 +33,13 @@ _MAX_ITER = flags.DEFINE_integer("max_iter", 0, "Solver budget per token (0: the
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
     from deq_jax.training.lm_generate import generate
     from deq_jax.training.lm_setup import restore_language_model
 
-    config = launch_main._CONFIG.value
-    model, variables, vocab, step = restore_language_model(config, launch_main._WORKDIR.value)
+    config = launch_flags.CONFIG.value
+    model, variables, vocab, step = restore_language_model(config, launch_flags.WORKDIR.value)
     try:
         prompt = vocab.encode(_PROMPT.value)
     except ValueError as e:
@@ -63,4 +63,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -33,7 +33,7 @@ from typing import Any
 
 from absl import app, flags
 
-from launch import main as launch_main
+from launch import flags as launch_flags
 from launch import seeds
 from launch.runs import quiet, trained_run, write_report
 
@@ -43,7 +43,7 @@ REPORT = "seed_report"
 def define_flags() -> None:
     """Defines this program's flags (``--config`` and ``--workdir`` are `launch.main`'s)."""
     flags.DEFINE_list("seeds", ["0", "1", "2"], "Train seeds: one run per seed.")
-    launch_main.define_splits_flag()
+    launch_flags.define_splits_flag()
     flags.DEFINE_list("max_iters", [], "Solver budgets (default: the budget multipliers).")
     flags.DEFINE_enum(
         "checkpoint", "best", ["best", "last"], "Which checkpoint of each run to score."
@@ -151,8 +151,8 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
     flag = flags.FLAGS
     try:
         train_seeds = seeds.parse_seeds(flag.seeds)
@@ -160,8 +160,8 @@ def main(argv: Sequence[str]) -> None:
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     run_report(
-        launch_main.checked_config(),
-        launch_main._WORKDIR.value,
+        launch_flags.checked_config(),
+        launch_flags.WORKDIR.value,
         train_seeds,
         splits=flag.splits,
         max_iters=max_iters,
@@ -173,4 +173,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    launch_main.run(main)
+    launch_flags.run(main)

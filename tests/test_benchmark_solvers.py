@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from conftest import run_module
 
-from launch import solver_problems
-from launch.solver_problems import make_problem
+from benchmarks import solver_problems
+from benchmarks.solver_problems import make_problem
 
 
 def test_norm_problem_scales_the_easy_draw():
@@ -43,9 +43,9 @@ def test_over_active_prices_each_part_by_its_own_runs():
 
 def test_solver_step_cost_prints_one_ratio_per_solver():
     # A subprocess: the launch defines absl flags, which other launches imported by the
-    # suite also define (the tests import only the flag-free launch.solver_problems).
+    # suite also define (the tests import only the flag-free benchmarks.solver_problems).
     proc = run_module(
-        "launch.solver_step_cost", "--width=8", "--batch=2", "--steps=4", "--repeats=1"
+        "benchmarks.solver_step_cost", "--width=8", "--batch=2", "--steps=4", "--repeats=1"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -68,7 +68,7 @@ def test_branch_cost_times_conv_gradients_and_both_jacobian_draws(tmp_path):
     # The prefix-sum smoke model: the cheapest conv DEQ to compile twice (the maze one
     # took 60 s here, this 47 s); both draws' results agree in test_training_jacobian.
     proc = run_module(
-        "launch.branch_cost",
+        "benchmarks.branch_cost",
         "--config",
         "configs/prefix_sum.py:smoke",
         "--config.regularizer.jacobian_weight=0.1",
@@ -92,7 +92,7 @@ def test_branch_cost_times_conv_gradients_and_both_jacobian_draws(tmp_path):
 def test_conv_cost_times_both_derivatives_train_steps_and_spectral_steps(tmp_path):
     # the prefix-sum smoke model: 1-d convolutions, the cheapest conv DEQ to compile
     proc = run_module(
-        "launch.conv_cost",
+        "benchmarks.conv_cost",
         "--config",
         "configs/prefix_sum.py:smoke",
         f"--workdir={tmp_path}",
@@ -120,8 +120,8 @@ def test_conv_cost_times_both_derivatives_train_steps_and_spectral_steps(tmp_pat
 def test_conv_cost_times_lax_with_the_fast_path_off():
     import jax
 
+    from benchmarks import conv_cost
     from deq_jax.nn import conv as conv_lib
-    from launch import conv_cost
 
     x, w = jnp.ones((1, 4, 4, 2)), jnp.ones((3, 3, 2, 2))
     conv = lambda x: conv_lib.conv_general_dilated(

@@ -1,28 +1,33 @@
 """The CLRS configs and launch programs: the configs and their variants, smoke runs
-through the training loop, the report (launch/clrs_report.py: rows, table, figure),
-the step profile (launch/clrs_steps.py) and the diagnosis (launch/clrs_diagnose.py)."""
+through the training loop, the report (experiments/clrs/report.py: rows, table, figure),
+the step profile (experiments/clrs/steps.py) and the diagnosis (experiments/clrs/diagnose.py)."""
 
-import importlib
+import functools
 import json
 import os
+import types
 
 import numpy as np
 import pytest
 
-from configs import clrs_base
+from configs import clrs as clrs_configs
 from deq_jax import tasks
 from deq_jax.models import clrs
 from deq_jax.training import setup, train_and_evaluate, writers
-from launch import clrs_diagnose, clrs_report, clrs_report_plots, clrs_steps, clrs_tables
-from launch import main as launch_main
+from experiments.clrs import diagnose as clrs_diagnose
+from experiments.clrs import report as clrs_report
+from experiments.clrs import report_plots as clrs_report_plots
+from experiments.clrs import steps as clrs_steps
+from experiments.clrs import tables as clrs_tables
+from launch import flags as launch_flags
 
 
 def test_the_per_split_tools_load_together():
     """`clrs_diagnose` and `clrs_steps` share one ``--splits`` flag (defining it twice
     would fail at import)."""
-    launch_main.define_splits_flag()  # again: a no-op
+    launch_flags.define_splits_flag()  # again: a no-op
     assert clrs_diagnose.main is not clrs_steps.main
-    assert launch_main.flags.FLAGS[launch_main.SPLITS_FLAG].default == []
+    assert launch_flags.flags.FLAGS[launch_flags.SPLITS_FLAG].default == []
 
 
 def test_run_config_and_scores():
@@ -239,11 +244,16 @@ def test_fixed_steps_runs_without_the_training_graph_augmentations():
 # --- configs end to end ---------------------------------------------------------------
 
 
+def _algorithm_config(algorithm):
+    """``configs/clrs.py`` for one algorithm, as a module: ``get_config(arg)``."""
+    return types.SimpleNamespace(get_config=functools.partial(clrs_configs.clrs_config, algorithm))
+
+
 @pytest.mark.parametrize("algorithm", clrs.ALGORITHMS)
 def test_configs_are_documented(algorithm):
-    module = importlib.import_module(f"configs.clrs_{algorithm}")
-    assert f"--config configs/clrs_{algorithm}.py --workdir" in module.__doc__
-    assert f"--config configs/clrs_{algorithm}.py:smoke --workdir" in module.__doc__
+    module = _algorithm_config(algorithm)
+    assert f"--config configs/clrs.py:{algorithm} --workdir" in clrs_configs.__doc__
+    assert "--config configs/clrs.py:bfs,smoke --workdir" in clrs_configs.__doc__
     config, smoke = module.get_config(), module.get_config("smoke")
     assert config.task.algorithm == algorithm and config.model.mode == "deq"
     assert 64 in config.task.test_nodes and config.task.train_nodes == 16
@@ -273,7 +283,7 @@ def test_configs_are_documented(algorithm):
     large.eval.every_steps = large.ckpt.every_steps = config.eval.every_steps
     assert large.to_dict() == config.to_dict()  # nothing else differs
     with pytest.raises(ValueError, match="smoke, large"):
-        clrs_base.clrs_config(algorithm, "huge")
+        clrs_configs.clrs_config(algorithm, "huge")
 
 
 @pytest.mark.parametrize(
@@ -290,7 +300,7 @@ def test_configs_are_documented(algorithm):
     ],
 )
 def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
-    config = clrs_base.clrs_config(algorithm, "smoke")
+    config = clrs_configs.clrs_config(algorithm, "smoke")
     config.model.mode = mode
     kruskal = algorithm == "mst_kruskal"
     if kruskal:
@@ -355,7 +365,7 @@ def test_smoke_config_trains_end_to_end(algorithm, mode, tmp_path):
 
 
 def test_step_profile_needs_a_trained_deq_mode_run(tmp_path):
-    config = clrs_base.clrs_config("bfs", "smoke")
+    config = clrs_configs.clrs_config("bfs", "smoke")
     config.model.mode = "fixed_steps"
     with pytest.raises(ValueError, match="replays a deq-mode solve"):
         clrs_steps.profile_run(config, str(tmp_path))
@@ -367,7 +377,7 @@ def test_step_profile_needs_a_trained_deq_mode_run(tmp_path):
 def test_extra_edges_refuse_the_hint_supervised_mode(tmp_path):
     """The extra edges change the algorithm's steps, so their batches carry no hints and
     fixed_steps, which trains on them, stops with the model's error."""
-    config = clrs_base.clrs_config("bellman_ford", "smoke")
+    config = clrs_configs.clrs_config("bellman_ford", "smoke")
     config.model.mode, config.regularizer.jacobian_weight = "fixed_steps", 0.0
     config.task.extra_edge_rate = 0.5
     with pytest.raises(ValueError, match="needs hint_"):
@@ -376,7 +386,7 @@ def test_extra_edges_refuse_the_hint_supervised_mode(tmp_path):
 
 @pytest.mark.parametrize("algorithm", clrs.ALGORITHMS)
 def test_mode_variants_set_what_the_mode_needs_and_combine_with_sizes(algorithm):
-    module = importlib.import_module(f"configs.clrs_{algorithm}")
+    module = _algorithm_config(algorithm)
     config = module.get_config()
     fixed = module.get_config("fixed_steps")
     assert fixed.model.mode == "fixed_steps" and fixed.regularizer.jacobian_weight == 0

@@ -1,4 +1,4 @@
-"""The accelerator scripts under ``launch/device/`` run end to end at their CPU sizes
+"""The accelerator scripts under ``experiments/gpu/`` run end to end at their CPU sizes
 (slow: each trains two or more tiny models), so a device session does not spend its
 few minutes on a script that no longer matches the launches."""
 
@@ -15,10 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run_script(name: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """``bash launch/device/{name} args`` from the repository root, with ``env`` added
+    """``bash experiments/gpu/{name} args`` from the repository root, with ``env`` added
     (and this interpreter as ``PYTHON``); fails the test unless it exits 0."""
     done = subprocess.run(
-        ["bash", f"launch/device/{name}", *args],
+        ["bash", f"experiments/gpu/{name}", *args],
         cwd=ROOT,
         env=dict(os.environ, PYTHON=sys.executable, **env),
         capture_output=True,

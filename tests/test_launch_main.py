@@ -7,7 +7,7 @@ import pytest
 from conftest import run_module
 
 from configs import prefix_sum
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,25 +23,25 @@ def test_override_keys_of_every_flag_form():
         "-config.model.width=8",
         "--workdir=/tmp/x",
     ]
-    assert launch_main.override_keys(argv) == [
+    assert launch_flags.override_keys(argv) == [
         "train.steps",
         "deq.solver.name",
         "train.distributed",
         "model.width",
     ]
-    assert launch_main._flag_value(argv, "config") == "c.py"
-    assert launch_main._flag_value(["--config=a.py:smoke"], "config") == "a.py:smoke"
+    assert launch_flags._flag_value(argv, "config") == "c.py"
+    assert launch_flags._flag_value(["--config=a.py:smoke"], "config") == "a.py:smoke"
 
 
 def test_load_config_file_with_argument():
-    config = launch_main.load_config_file(os.path.join(ROOT, "configs/prefix_sum.py:smoke"))
+    config = launch_flags.load_config_file(os.path.join(ROOT, "configs/prefix_sum.py:smoke"))
     assert config == prefix_sum.get_config("smoke")
     with pytest.raises(FileNotFoundError, match="nope.py"):
-        launch_main.load_config_file("nope.py")
+        launch_flags.load_config_file("nope.py")
 
 
 def test_known_overrides_pass():
-    launch_main.check_overrides(
+    launch_flags.check_overrides(
         prefix_sum.get_config(),
         ["train.steps", "deq.solver.anderson.m", "deq.backward.ift.solver", "deq.z_init"],
     )
@@ -70,8 +70,8 @@ def test_known_overrides_pass():
     ],
 )
 def test_unknown_override_names_valid_fields(key, message):
-    with pytest.raises(launch_main.UnknownOverrideError) as info:
-        launch_main.check_overrides(prefix_sum.get_config(), [key])
+    with pytest.raises(launch_flags.UnknownOverrideError) as info:
+        launch_flags.check_overrides(prefix_sum.get_config(), [key])
     assert message in str(info.value)
 
 

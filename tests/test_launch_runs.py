@@ -96,7 +96,7 @@ def test_a_clrs_run_from_before_the_official_splits_is_refused(tmp_path):
 
 
 def test_apply_overrides_sets_typed_fields_and_rejects_unknown_keys():
-    from launch.main import UnknownOverrideError
+    from launch.flags import UnknownOverrideError
 
     config = runs.apply_overrides(
         clrs_bellman_ford.get_config(),

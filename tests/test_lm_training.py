@@ -313,7 +313,7 @@ def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
 
 @pytest.mark.slow
 def test_solver_sweep_on_the_language_model(corpus, trained, tmp_path):
-    from launch.solver_pareto import run_pareto
+    from experiments.neural_solver.pareto import run_pareto
 
     workdir, _, _ = trained
     config = _solver_config(corpus, workdir)
@@ -417,7 +417,7 @@ def test_configs_document_their_commands():
 
 
 def test_lm_table_over_seeds(trained, tmp_path):
-    from launch import lm_table
+    from experiments.language_model import table as lm_table
 
     workdir, _, _ = trained
     assert lm_table.parse_group(f"deq={workdir},{workdir}") == ("deq", [workdir, workdir])

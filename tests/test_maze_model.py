@@ -228,9 +228,9 @@ def test_smoke_config_runs_end_to_end(tmp_path):
 
 
 def test_step_cost_times_a_mixed_init_maze_model_on_its_task_data(tmp_path):
-    # launch.step_cost's eval forward draws z_init="mixed"'s start from the step's rng
-    # streams, as the eval step does (launch/device/mazes_benchmark.sh fits its steps to it).
-    from launch import step_cost
+    # benchmarks.step_cost's eval forward draws z_init="mixed"'s start from the step's rng
+    # streams, as the eval step does (experiments/gpu/mazes_benchmark.sh fits its steps to it).
+    from benchmarks import step_cost
 
     config = maze_config.get_config("benchmark,smoke")
     config.task.data_dir = str(tmp_path / "data")

@@ -1,4 +1,4 @@
-"""`launch.step_cost` on the MDEQ smoke model: the implicit backward's memory is flat in
+"""`benchmarks.step_cost` on the MDEQ smoke model: the implicit backward's memory is flat in
 the forward budget, backprop's is not, and the timings (slow).
 
 Apart from `test_mdeq_training.py` so that xdist's ``loadscope`` can run it beside that
@@ -9,8 +9,8 @@ config's two), the smoke config itself is ``slow``.
 
 import pytest
 
+from benchmarks import step_cost
 from configs import mdeq_fashion_mnist
-from launch import step_cost
 
 SIZE = 8  # synthetic 8x8 images, as in test_mdeq_training.py
 SHAPE = [SIZE, SIZE, 1]

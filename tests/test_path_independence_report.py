@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from launch import path_independence_analysis as analysis
-from launch import path_independence_plots as plots
-from launch import path_independence_report as report
+from experiments.path_independence import analysis as analysis
+from experiments.path_independence import plots as plots
+from experiments.path_independence import report as report
 
 
 def test_spearman_matches_scipy_with_ties():

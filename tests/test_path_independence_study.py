@@ -9,9 +9,9 @@ import os
 import pytest
 
 from deq_jax.training.writers import MetricWriter
-from launch import path_independence_plots as plots
-from launch import path_independence_runner as runner
-from launch import path_independence_study as study
+from experiments.path_independence import plots as plots
+from experiments.path_independence import runner as runner
+from experiments.path_independence import study as study
 
 
 def test_prefix_sum_grid_varies_every_factor():

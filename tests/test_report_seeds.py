@@ -1,5 +1,5 @@
 """Train seeds in the reports: launch/seeds.py (parsing, mean and standard deviation) and
-launch.clrs_report --seeds (a workdir per seed, per-seed rows, the mean +- std row),
+experiments.clrs.report --seeds (a workdir per seed, per-seed rows, the mean +- std row),
 against numbers computed by hand."""
 
 import json
@@ -9,7 +9,9 @@ import shutil
 
 import pytest
 
-from launch import clrs_report, clrs_tables, seeds
+from experiments.clrs import report as clrs_report
+from experiments.clrs import tables as clrs_tables
+from launch import seeds
 
 
 def test_parse_seeds():

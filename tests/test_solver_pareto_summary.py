@@ -1,9 +1,9 @@
-"""launch.solver_pareto.summarize: the budget and time at which each solver reaches
+"""experiments.neural_solver.pareto.summarize: the budget and time at which each solver reaches
 Anderson's metric less the margin, on a hand-made table (no model, no compile)."""
 
 import pytest
 
-from launch.solver_pareto import METRIC_MARGIN, metric_target, summarize
+from experiments.neural_solver.pareto import METRIC_MARGIN, metric_target, summarize
 
 
 def _rows(accuracies, ms):

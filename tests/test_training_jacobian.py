@@ -25,7 +25,8 @@ from deq_jax.training import (
 )
 from deq_jax.training.evaluate import device_batch
 from deq_jax.training.metrics import is_regression
-from launch import jacobian_plots, jacobian_report
+from experiments.jacobian import plots as jacobian_plots
+from experiments.jacobian import report as jacobian_report
 
 quiet = lambda line: None
 

@@ -25,7 +25,7 @@ def phantom_steps(fn, z_star, params, k: int, tau: float):
     A Python loop, not a ``lax.scan``: ``k`` is small, and XLA's CPU backend runs the
     weight gradient of a convolution inside a loop body on a generic kernel, about 10x
     slower than outside one (jax-ml/jax#12868); the prefix-sum and maze train steps
-    cost 1.7x less unrolled (BUILD_NOTES "Solvers and gradients", `launch.branch_cost`).
+    cost 1.7x less unrolled (BUILD_NOTES "Solvers and gradients", `benchmarks.branch_cost`).
     """
     z = z_star
     for _ in range(k):

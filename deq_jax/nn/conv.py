@@ -156,7 +156,7 @@ def _kernel_linear(x, tw, strides: Strides, pads: Pads, precision: Any, out_shap
     padded input and keeps its window of the product, so reverse mode shifts the narrower
     cotangent instead of the input and keeps only the padded input for the backward pass;
     otherwise each tap multiplies its window of the input. (On MDEQ-TINY's two 3x3
-    convolutions each choice was the faster one, `launch.conv_cost`.)
+    convolutions each choice was the faster one, `benchmarks.conv_cost`.)
     """
     c_in, c_out = tw.shape[-2:]
     padded = jnp.pad(x, ((0, 0), *pads, (0, 0)))  # [B, *padded grid, in]

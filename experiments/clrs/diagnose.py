@@ -15,11 +15,11 @@ shares per split).
 
 Usage (pass the config and overrides the run was trained with)::
 
-    python -m launch.clrs_diagnose --config configs/clrs_mst_prim.py \\
+    python -m experiments.clrs.diagnose --config configs/clrs.py:mst_prim \\
         --workdir /tmp/clrs_report/mst_prim/deq [--splits=val,test_64] \\
         [--config.model.hidden=128]
 
-A run of `launch.clrs_report` lives in ``{report workdir}/<algorithm>/<mode>``.
+A run of `experiments.clrs.report` lives in ``{report workdir}/<algorithm>/<mode>``.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import numpy as np
 
 from deq_jax.models.clrs import diagnostics
 from deq_jax.training import SettleRule, restore_trained
-from launch import main as launch_main
+from launch import flags as launch_flags
 
-launch_main.define_splits_flag()
+launch_flags.define_splits_flag()
 
 SHORTEST_PATHS = ("bellman_ford", "dijkstra")
 OUTPUT = "clrs_diagnostics"  # .json and .png
@@ -235,8 +235,8 @@ def _edge_bars(ax: Any, report: dict[str, dict]) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.run_split_tool(argv, diagnose_run, write_figure, OUTPUT)
+    launch_flags.run_split_tool(argv, diagnose_run, write_figure, OUTPUT)
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -1,7 +1,7 @@
 """The CLRS report: six algorithms x three ways of running the processor.
 
 For each algorithm and mode, trains (or, when the run's workdir already holds its final
-checkpoint, loads) ``configs/clrs_<algorithm>.py`` with ``model.mode=<mode>`` in
+checkpoint, loads) ``configs/clrs.py:<algorithm>`` with ``model.mode=<mode>`` in
 ``{workdir}/<algorithm>/<mode>``, evaluates every eval split of its best checkpoint on
 ``val`` (`deq_jax.training.selection`, as CLRS selects; the row's ``scored_step``) at
 the model's eval budget and writes to ``{workdir}``:
@@ -35,7 +35,7 @@ seeds (`combine_reports`); the reports must agree on ``--steps``, ``--set`` and
 ``--smoke``, and no algorithm, mode and seed may come twice.
 
 With ``--answer_steps``, each deq-mode run's solves are also replayed
-(`launch.clrs_steps`) and every split gets the step at which the decoded answer
+(`experiments.clrs.steps`) and every split gets the step at which the decoded answer
 settled (``answer_mean``, ``answer_max``) and at which every node converged
 (``node_mean``, ``node_max``); the table gains the answer's mean steps at 16 and 64
 nodes and the figure a dotted line per deq run. It costs about four evaluations of the
@@ -47,11 +47,11 @@ steps with hint supervision, CLRS's baseline).
 
 Usage::
 
-    python -m launch.clrs_report --workdir /tmp/clrs_report \\
+    python -m experiments.clrs.report --workdir /tmp/clrs_report \\
         [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
         [--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn]
         [--answer_steps] [--seeds=0,1,2]
-    python -m launch.clrs_report --workdir /tmp/clrs_all \
+    python -m experiments.clrs.report --workdir /tmp/clrs_all \
         --combine=/tmp/seed0/clrs_report.json,/tmp/seed1/clrs_report.json
 
 References:
@@ -68,12 +68,11 @@ from typing import Any
 
 from absl import app, flags
 
-from configs.clrs_base import MODES, clrs_config
+from configs.clrs import MODES, clrs_config
 from deq_jax.models.clrs import ALGORITHMS, f1_from_counts
 from deq_jax.training import NonFiniteLossError, SettleRule, evaluate
-from launch import clrs_steps, seeds
-from launch import main as launch_main
-from launch.clrs_report_files import (
+from experiments.clrs import steps as clrs_steps
+from experiments.clrs.report_files import (
     combine_reports,
     earlier_rows,
     merged_settings,
@@ -81,7 +80,9 @@ from launch.clrs_report_files import (
     sort_rows,
     write_clrs_report,
 )
-from launch.clrs_tables import GOALS, report_row
+from experiments.clrs.tables import GOALS, report_row
+from launch import flags as launch_flags
+from launch import seeds
 from launch.runs import apply_overrides, best_run, quiet
 
 
@@ -95,7 +96,7 @@ def define_flags() -> None:
         "answer_steps",
         False,
         "Replay every deq run's solves for the step at which its answer settled "
-        "(launch.clrs_steps; about four model evaluations per budget step).",
+        "(experiments.clrs.steps; about four model evaluations per budget step).",
     )
     flags.DEFINE_list(
         "seeds",
@@ -126,8 +127,8 @@ def run_config(
     overrides: Sequence[str] = (),
     seed: int | None = None,
 ) -> Any:
-    """The config of one run: ``configs/clrs_<algorithm>.py`` with ``mode`` (and
-    ``smoke``) as its variants (`configs.clrs_base.apply_variants`: ``fixed_steps`` runs
+    """The config of one run: ``configs/clrs.py:<algorithm>`` with ``mode`` (and
+    ``smoke``) as its variants (`configs.clrs.get_config`: ``fixed_steps`` runs
     without the Jacobian regulariser and the training-graph augmentations, the modes
     other than ``deq`` without the edge state), ``steps`` if set, the ``key=value``
     ``overrides`` (`launch.runs.apply_overrides`), then ``train.seed=seed`` if given.
@@ -183,7 +184,7 @@ def evaluate_run(run: Any, config: Any) -> dict[str, dict[str, float]]:
 
 
 def add_answer_steps(run: Any, config: Any, splits: dict[str, dict]) -> None:
-    """Adds the replayed step counts of a deq run (`launch.clrs_steps`) to each split:
+    """Adds the replayed step counts of a deq run (`experiments.clrs.steps`) to each split:
     ``answer_mean`` / ``answer_max`` (the decoded answer settled) and ``node_mean`` /
     ``node_max`` (every node converged)."""
     for split, result in clrs_steps.profile_splits(run, tuple(splits), config, quiet).items():
@@ -251,8 +252,8 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
     flag = flags.FLAGS
     for name, given, valid in (
         ("algorithm", flag.algorithms, ALGORITHMS),
@@ -271,7 +272,7 @@ def main(argv: Sequence[str]) -> None:
                 "reports keep the settings they were run with."
             )
         combine_reports(
-            launch_main._WORKDIR.value,
+            launch_flags.WORKDIR.value,
             flag.combine,
             flag.algorithms,
             flag.modes,
@@ -279,7 +280,7 @@ def main(argv: Sequence[str]) -> None:
         )
         return
     run_report(
-        launch_main._WORKDIR.value,
+        launch_flags.WORKDIR.value,
         flag.algorithms,
         flag.modes,
         steps=flag.steps,

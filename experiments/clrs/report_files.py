@@ -1,4 +1,4 @@
-"""The files of the CLRS report (`launch.clrs_report`): ``clrs_report.{json,md,png}``
+"""The files of the CLRS report (`experiments.clrs.report`): ``clrs_report.{json,md,png}``
 written from rows (`write_clrs_report`), rows kept from a workdir's earlier report
 (`earlier_rows`), and earlier per-seed reports joined into one (`combine_reports`,
 ``--combine``)."""
@@ -10,11 +10,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from configs.clrs_base import MODES
+from configs.clrs import MODES
 from deq_jax.models.clrs import ALGORITHMS
+from experiments.clrs.report_plots import write_figure
+from experiments.clrs.tables import GOALS, TARGET, markdown, summary_markdown, summary_rows
 from launch import seeds
-from launch.clrs_report_plots import write_figure
-from launch.clrs_tables import GOALS, TARGET, markdown, summary_markdown, summary_rows
 from launch.runs import write_report
 
 REPORT = "clrs_report"

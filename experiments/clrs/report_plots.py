@@ -1,4 +1,4 @@
-"""The PNG of the CLRS report (`launch.clrs_report`): score and steps against graph size.
+"""The PNG of the CLRS report (`experiments.clrs.report`): score and steps against graph size.
 
 One line per run: the colour is the algorithm, the line style the mode. Left: the CLRS
 score (percent) at each evaluated graph size, the goal of the DEQ column at 64 nodes as

@@ -23,7 +23,7 @@ the mean and max per split and writes ``{workdir}/clrs_steps.json`` and
 
 Usage (pass the config and overrides the run was trained with)::
 
-    python -m launch.clrs_steps --config configs/clrs_mst_prim.py \\
+    python -m experiments.clrs.steps --config configs/clrs.py:mst_prim \\
         --workdir /tmp/clrs_report/mst_prim/deq [--splits=val,test_64]
 
 Graph sizes the run was not tested on: ``"--config.task.test_nodes=(32,64,128)"``.
@@ -42,9 +42,9 @@ import numpy as np
 from deq_jax import analysis
 from deq_jax.solvers.base import residuals
 from deq_jax.training import restore_trained
-from launch import main as launch_main
+from launch import flags as launch_flags
 
-launch_main.define_splits_flag()
+launch_flags.define_splits_flag()
 
 OUTPUT = "clrs_steps"  # .json and .png
 MEASURES = ("solver", "node", "answer")
@@ -197,8 +197,8 @@ def write_figure(report: dict[str, dict], path: str) -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.run_split_tool(argv, profile_run, write_figure, OUTPUT)
+    launch_flags.run_split_tool(argv, profile_run, write_figure, OUTPUT)
 
 
 if __name__ == "__main__":
-    launch_main.run(main)
+    launch_flags.run(main)

@@ -1,7 +1,7 @@
 """The CLRS report's rows and tables: one row per run (`report_row`), the per-run markdown
 table (`markdown`), and the mean +- standard deviation over train seeds (`summary_rows`,
 `summary_markdown`), against the goals (`GOALS`: the DEQ column of Xhonneux et al.
-(2024) at 64 nodes). `launch.clrs_report` fills and writes them.
+(2024) at 64 nodes). `experiments.clrs.report` fills and writes them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from experiments.clrs.report_plots import REFERENCE_RULES
 from launch import seeds
-from launch.clrs_report_plots import REFERENCE_RULES
 
 # Test score at 64 nodes of the DEQ column of Xhonneux et al. (2024), in percent.
 GOALS = {

@@ -5,21 +5,24 @@
 #  2. the neural solver on MDEQ-TINY (issue 34): a Jacobian-regularised MDEQ on
 #     Fashion-MNIST (the unregularised one does not converge within 24 steps, so
 #     "equal accuracy" would compare unconverged solves), its HyperAnderson solver fitted
-#     with the MDEQ frozen, then `launch.solver_pareto` on the validation split.
+#     with the MDEQ frozen, then `experiments.neural_solver.pareto` on the validation split.
 #
-#   bash launch/device/flagship_solvers.sh OUT_DIR [FASHION_MNIST_DIR] [SHAKESPEARE_DIR]
+#   bash experiments/gpu/flagship_solvers.sh OUT_DIR [FASHION_MNIST_DIR] [SHAKESPEARE_DIR]
 #
 # On one H100 the stages took 57 s, 149 s, ~90 s and 137 s (BUILD_NOTES); MDEQ_STEPS
 # (default 1,900: 4.4 epochs) sets the MDEQ's training length. Each stage has its own
 # time limit (LM_SECONDS, MDEQ_SECONDS, FIT_SECONDS, PARETO_SECONDS; 580 s together) so
-# the script ends, and its logs and reports are kept, inside one 600-s device call. EXTRA_LM / EXTRA_MDEQ / EXTRA_FIT / EXTRA_PARETO add --config flags (or
-# flags) to a stage: on a CPU, shrink everything with the `smoke` sizes, e.g.
+# the script ends, and its logs and reports are kept, within ten minutes. EXTRA_LM /
+# EXTRA_MDEQ / EXTRA_FIT / EXTRA_PARETO add --config flags (or flags) to a stage. The
+# data: the four Fashion-MNIST idx files and the corpus of `python -m launch.prepare_data
+# shakespeare` (set-up on a GPU machine: README.md here). On a CPU, shrink everything
+# with the `smoke` sizes, e.g.
 #   LM_VARIANT=smoke LM_STEPS=12 MDEQ_VARIANT=smoke,jacobian MDEQ_STEPS=4 BUDGETS=2,4 \
-#     bash launch/device/flagship_solvers.sh /tmp/x
+#     bash experiments/gpu/flagship_solvers.sh /tmp/x
 set -uo pipefail
 out=$1
 fm=${2:-/usr/share/datasets/fashion-mnist}
-corpus=${3:-~/.cache/deq_jax/shakespeare}
+corpus=${3:-$HOME/.cache/deq_jax/shakespeare}
 py=${PYTHON:-python3}
 lm_variant=${LM_VARIANT:-gpu}
 mdeq_variant=${MDEQ_VARIANT:-jacobian}
@@ -52,7 +55,7 @@ timeout "${FIT_SECONDS:-130}" "$py" -m launch.main \
 stamp "fit exit $?"; tail -6 "$out/solver.log"
 
 stamp "solver Pareto"
-timeout "${PARETO_SECONDS:-160}" "$py" -m launch.solver_pareto \
+timeout "${PARETO_SECONDS:-160}" "$py" -m experiments.neural_solver.pareto \
   --config "configs/mdeq_fashion_mnist_hypersolver.py:$mdeq_variant" --workdir "$out/solver" \
   --config.task.dir="$fm" --config.neural_solver.deq_workdir="$out/mdeq" --budgets="$budgets" \
   --repeats=5 --max_batches=2 ${EXTRA_PARETO:-} > "$out/pareto.log" 2>&1

@@ -5,30 +5,26 @@
 # ">= 2x fewer forward steps at <= 0.02 bpc"; on the 2-core CPU, a third of an epoch,
 # the weights 2 / 0.5 / 0.1 cost +0.22 / +0.12 / +0.04 bpc, BUILD_NOTES)?
 #
-#   bash launch/device/lm_jacobian.sh OUT_DIR [SHAKESPEARE_DIR]
+#   bash experiments/gpu/lm_jacobian.sh OUT_DIR [SHAKESPEARE_DIR]
 #
 # Writes OUT_DIR/{deq,jacobian}/ (each run's workdir) and their logs, then the table of
-# `launch.lm_table` (valid and test bpc, forward steps) and OUT_DIR/table.json.
+# `experiments.language_model.table` (valid and test bpc, forward steps) and OUT_DIR/table.json.
 # STEPS (default 1,000: about 3.5 epochs of Shakespeare; the H100 trained the DEQ alone
 # at 8 steps/s, so two runs sharing it need ~4-5 minutes), PRETRAIN (the weight-tied
 # warm-up, default STEPS / 5), WEIGHT (the Jacobian weight, default 0.1), FREQ (the
 # fraction of steps it is computed on, default 0.4) and RUN_SECONDS (each run's time
 # limit, default 480) size it; EXTRA adds --config flags to both runs. On a CPU:
-#   SIZE=smoke STEPS=6 bash launch/device/lm_jacobian.sh /tmp/x ~/.cache/deq_jax/shakespeare
+#   SIZE=smoke STEPS=6 bash experiments/gpu/lm_jacobian.sh /tmp/x
 # Each run's data are prepared once under its workdir (a few seconds for Shakespeare).
 # Then `launch.evaluate` scores both runs' best checkpoints at the budgets EVAL_ITERS
 # (default 30,90: the unregularised DEQ does not reach 1e-3 within 30, so its steps to
 # converge are censored there), and with EXCLUDE (a regular expression, e.g. ' {10,}')
 # also outside and inside its matches; it writes OUT_DIR/{deq,jacobian}_eval.json / .log.
-# On a lent machine (device tool `run`, carry [".whl", ".devdata/shakespeare"]; the wheels
-# from launch/device/wheels.sh, the corpus from `python -m launch.prepare_data
-# shakespeare --out .devdata/shakespeare`), keeping checkpoints off $OUT:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit;
-#   bash launch/device/lm_jacobian.sh /tmp/lmj; cp /tmp/lmj/*.log /tmp/lmj/table.json $OUT
+# SHAKESPEARE_DIR defaults to where `python -m launch.prepare_data shakespeare` writes the
+# corpus (~/.cache/deq_jax/shakespeare); set-up on a GPU machine: README.md here.
 set -uo pipefail
 out=$1
-corpus=${2:-.devdata/shakespeare}
+corpus=${2:-$HOME/.cache/deq_jax/shakespeare}
 py=${PYTHON:-python3}
 size=${SIZE:-gpu}
 steps=${STEPS:-1000}
@@ -52,7 +48,7 @@ timeout "${RUN_SECONDS:-480}" "$py" -m launch.main \
   ${EXTRA:-} > "$out/jacobian.log" 2>&1 &
 wait
 for run in deq jacobian; do stamp "$run:"; tail -3 "$out/$run.log"; done
-"$py" -m launch.lm_table --group "DEQ=$out/deq" \
+"$py" -m experiments.language_model.table --group "DEQ=$out/deq" \
   --group "DEQ + Jacobian (weight $weight, p $freq)=$out/jacobian" --output "$out/table.json"
 for run in deq jacobian; do
   suffix=""; [ "$run" = jacobian ] && suffix=",jacobian"

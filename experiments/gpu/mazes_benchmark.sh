@@ -6,27 +6,23 @@
 # side, then `launch.seed_report` scores each seed's checkpoint kept as best on 500
 # validation mazes of 13x13 (not the test ones) on the 13x13, 15x15 and 21x21 test mazes
 # at 1x, 2x and 4x the train budget: issue 35's goal is 13x13 >= 0.99 at 2x. On one H200
-# `bash launch/device/mazes_benchmark.sh /tmp/mzb 230` ran in 5.8 minutes (5,160 steps a
+# `bash experiments/gpu/mazes_benchmark.sh /tmp/mzb 230` ran in 5.8 minutes (5,160 steps a
 # seed) and scored 0.983 +- 0.005 (BUILD_NOTES "Mazes"), before the `gpu` variant averaged
 # the weights (train.ema_decay=0.999); that run is now
 # EXTRA="--config.train.ema_decay=0 --config.eval.score_raw_weights=false".
 #
-#   bash launch/device/mazes_benchmark.sh OUT_DIR [TRAIN_SECONDS]
+#   bash experiments/gpu/mazes_benchmark.sh OUT_DIR [TRAIN_SECONDS]
 #
 # The step count is fitted to TRAIN_SECONDS (default 330) from a timed train step
-# (`launch.step_cost`, every solve its whole budget, so on the safe side) divided by the
+# (`benchmarks.step_cost`, every solve its whole budget, so on the safe side) divided by the
 # three runs sharing the chip. Writes OUT_DIR/seed{0,1,2}/ (each run's workdir),
 # OUT_DIR/seed{0,1,2}.log, OUT_DIR/seed_report.{json,md} and OUT_DIR/report.log.
 # CONFIG (default configs/mazes.py:benchmark,gpu), EXTRA (more --config flags for every
 # run), EVALS (validations a run, default 10; the score swings between them), SPLITS and
 # MAX_ITERS change what runs; on a CPU, in a few minutes:
 #   CONFIG=configs/mazes.py:benchmark,smoke SPLITS=test_5,test_7 MAX_ITERS=4,8 \
-#     bash launch/device/mazes_benchmark.sh /tmp/mzb 20
-# On a lent machine (device tool `run`, carry [".whl"]; the wheels from
-# launch/device/wheels.sh), keeping checkpoints off $OUT:
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-#     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit;
-#   bash launch/device/mazes_benchmark.sh /tmp/mzb; cp /tmp/mzb/*.log /tmp/mzb/seed_report.* $OUT
+#     bash experiments/gpu/mazes_benchmark.sh /tmp/mzb 20
+# The mazes are generated (no data to prepare); set-up on a GPU machine: README.md here.
 set -euo pipefail
 out=$1
 seconds=${2:-330}
@@ -42,7 +38,7 @@ flags=(--config.regularizer.jacobian_weight=0.1 --config.regularizer.jacobian_fr
 # shellcheck disable=SC2206  # EXTRA is a list of flags
 flags+=(${EXTRA:-})
 
-"$py" -m launch.step_cost --config "$config" --workdir "$out/cost" --budgets 30 \
+"$py" -m benchmarks.step_cost --config "$config" --workdir "$out/cost" --budgets 30 \
   --backwards jacobian_free --repeats 5 "${flags[@]}" 2>&1 | tail -3
 step_s=$("$py" -c "import json; print(json.load(open('$out/cost/step_cost.json'))['rows'][0]['train_seconds'])")
 steps=$("$py" -c "print(max(20, int($seconds / ($step_s * ${#seeds[@]} * 1.3)) // 20 * 20))")

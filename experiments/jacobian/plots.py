@@ -1,4 +1,4 @@
-"""The PNG figures of the Jacobian-regularisation report (`launch.jacobian_report`).
+"""The PNG figures of the Jacobian-regularisation report (`experiments.jacobian.report`).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",

@@ -23,7 +23,7 @@ Jacobian weight ``gamma``, scores each at its best checkpoint on validation
 
 Usage::
 
-    python -m launch.jacobian_report --workdir /tmp/jacobian_report \\
+    python -m experiments.jacobian.report --workdir /tmp/jacobian_report \\
         --gammas=0,1,2,4 --digits_gammas=0,1,2,5 --synthetic_steps=80000 --digits_steps=1000 \\
         --seeds=0,1,2
 
@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from launch import main as launch_main
+from launch import flags as launch_flags
 from launch import seeds as seed_stats
 from launch.runs import best_run, trained_run, write_report
 
@@ -329,7 +329,7 @@ def run_report(
     Returns:
       The report (what ``jacobian_report.json`` holds).
     """
-    from launch import jacobian_plots
+    from experiments.jacobian import plots as jacobian_plots
 
     os.makedirs(workdir, exist_ok=True)
     report: dict[str, Any] = {
@@ -359,10 +359,10 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
+    launch_flags.reject_arguments(argv)
     from configs import digits, synthetic_1d
 
-    launch_main.quiet_library_logs()
+    launch_flags.quiet_library_logs()
     flag = flags.FLAGS
     variant = "smoke" if flag.smoke else None
     syn, dig = synthetic_1d.get_config(variant), digits.get_config(variant)
@@ -370,7 +370,7 @@ def main(argv: Sequence[str]) -> None:
         syn.train.steps, dig.train.steps = flag.synthetic_steps, flag.digits_steps
     dig.regularizer.jacobian_freq = flag.digits_freq
     run_report(
-        launch_main._WORKDIR.value,
+        launch_flags.WORKDIR.value,
         synthetic_config=syn,
         digits_config=dig,
         gammas=[float(g) for g in flag.gammas],

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m launch.lm_table --group deq=/tmp/lm_s0,/tmp/lm_s1,/tmp/lm_s2 \\
+    python -m experiments.language_model.table --group deq=/tmp/lm_s0,/tmp/lm_s1,/tmp/lm_s2 \\
         --group weight_tied=/tmp/wt_s0,/tmp/wt_s1,/tmp/wt_s2
 
 Reads each workdir's ``lm_report.json`` (written at the end of

@@ -13,7 +13,7 @@ residual of 1e-3 and Anderson's best metric, and the neural solver's speed-up) a
 ``solver_pareto.png`` (the paper's Figure 4: metric and residual against time; Figure
 8a: residual against solver step, past the ``K`` steps the solver was trained on)::
 
-    python -m launch.solver_pareto --config configs/prefix_sum_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/prefix_sum_hypersolver.py \\
         --workdir /tmp/ps_solver --config.neural_solver.deq_workdir=/tmp/ps --split test_32
 
 On a language model (``configs/lm_shakespeare_hypersolver.py``) every solver streams the
@@ -38,7 +38,7 @@ import numpy as np
 from absl import flags
 
 from deq_jax.training.writers import write_json
-from launch import main as launch_main
+from launch import flags as launch_flags
 
 DEFAULT_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 RESIDUAL_GOAL = 1e-3
@@ -315,7 +315,7 @@ def run_pareto(
     """Sweeps, summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
     from deq_jax.training.hypersolver import load_hypersolver
     from deq_jax.training.lm_hypersolver import load_lm_hypersolver
-    from launch.solver_pareto_plots import plot_pareto
+    from experiments.neural_solver.plots import plot_pareto
 
     language = "seq_len" in config.train
     if language:
@@ -368,12 +368,12 @@ def _fmt(x: float | None) -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
     flag = flags.FLAGS
     run_pareto(
-        launch_main._CONFIG.value,
-        launch_main._WORKDIR.value,
+        launch_flags.CONFIG.value,
+        launch_flags.WORKDIR.value,
         budgets=[int(b) for b in flag.budgets],
         repeats=flag.repeats,
         max_batches=flag.max_batches,
@@ -385,4 +385,4 @@ def main(argv: Sequence[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    launch_main.run(main)
+    launch_flags.run(main)

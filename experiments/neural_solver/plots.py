@@ -1,4 +1,4 @@
-"""The PNG of `launch.solver_pareto`: the paper's Figure 4 and Figure 8a in one image.
+"""The PNG of `experiments.neural_solver.pareto`: the paper's Figure 4 and Figure 8a in one image.
 
 Left: the task metric against wall time per batch; middle: the relative residual
 against wall time (log scale), one line per solver over its budgets; right: the mean

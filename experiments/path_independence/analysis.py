@@ -6,8 +6,8 @@
   attacked AA and the Table 1 row of one run; `aa_cost`: the cost of the AA score
   against one forward solve; `spearman`: the rank correlation of the report and study.
 
-`launch.path_independence_report` (Table 1, the figures) and
-`launch.path_independence_runner` (the study grid) both build on it.
+`experiments.path_independence.report` (Table 1, the figures) and
+`experiments.path_independence.runner` (the study grid) both build on it.
 
 References:
   Anil, Pokle, Liang, Treutlein, Wu, Bai, Kolter & Grosse, "Path Independent

@@ -1,4 +1,4 @@
-"""The PNG figures of the path-independence report (`launch.path_independence_report`).
+"""The PNG figures of the path-independence report (`experiments.path_independence.report`).
 
 References:
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time

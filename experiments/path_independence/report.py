@@ -19,7 +19,7 @@ al. (2022):
   same batch (median of 5 after compilation).
 
 The per-run analysis (`analyse_run`, `aa_cost`, `spearman`, the `TASKS` table) lives in
-`launch.path_independence_analysis`, shared with the study's runner.
+`experiments.path_independence.analysis`, shared with the study's runner.
 
 Variants: ``path_independent`` is the task config as it is (mixed initialisation and a
 solver with Jacobian-free or implicit gradients); ``path_dependent`` trains by "unroll +
@@ -28,15 +28,15 @@ backprop" from zeros with a fixed depth (fixed-point iteration, ``full_budget``,
 
 Usage::
 
-    python -m launch.path_independence_report --workdir /tmp/pi_report \\
+    python -m experiments.path_independence.report --workdir /tmp/pi_report \\
         --tasks=prefix_sum --sweep=6 --sweep_steps=500 --dependent_steps=500
 
-``--study`` runs the study grid instead (`launch.path_independence_study`: at least 16
+``--study`` runs the study grid instead (`experiments.path_independence.study`: at least 16
 prefix-sum and 8 maze models, each trained until it fits or a step cap, then AA, attacked
 AA, accuracy at 1x-8x the training depth, Spearman over the fitted models, the
-interventions before and after; `launch.path_independence_runner`), resumable::
+interventions before and after; `experiments.path_independence.runner`), resumable::
 
-    python -m launch.path_independence_report --workdir /tmp/pis --study \\
+    python -m experiments.path_independence.report --workdir /tmp/pis --study \\
         --tasks=prefix_sum,mazes --study_scale=cpu
 
 References:
@@ -57,11 +57,8 @@ from absl import app, flags
 
 from deq_jax.training import NonFiniteLossError
 from deq_jax.training.writers import write_json
-from launch import main as launch_main
-from launch import path_independence_plots as plots
-from launch import path_independence_runner as runner
-from launch import path_independence_study as study
-from launch.path_independence_analysis import (
+from experiments.path_independence import plots, runner, study
+from experiments.path_independence.analysis import (
     ANALYSIS_FILE,
     TASKS,
     aa_cost,
@@ -69,6 +66,7 @@ from launch.path_independence_analysis import (
     spearman,
     task_config,
 )
+from launch import flags as launch_flags
 from launch.runs import quiet, trained_run
 
 # Flags are defined by `define_flags` when the module runs as a program, so importing it
@@ -87,7 +85,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("attack_batch", 32, "Examples attacked per run.")
     flags.DEFINE_boolean("smoke", False, "Tiny runs (the configs' smoke variants).")
     flags.DEFINE_boolean(
-        "study", False, "Run the study grid (launch.path_independence_study) instead."
+        "study", False, "Run the study grid (experiments.path_independence.study) instead."
     )
     flags.DEFINE_enum(
         "study_scale", "cpu", ["cpu", "gpu"], "Sizes of the study runs (--smoke: tiny ones)."
@@ -189,9 +187,9 @@ def run_report(
 
 
 def main(argv: Sequence[str]) -> None:
-    launch_main.reject_arguments(argv)
-    launch_main.quiet_library_logs()
-    workdir, flag = launch_main._WORKDIR.value, flags.FLAGS
+    launch_flags.reject_arguments(argv)
+    launch_flags.quiet_library_logs()
+    workdir, flag = launch_flags.WORKDIR.value, flags.FLAGS
     for task in flag.tasks:
         if task not in TASKS:
             raise app.UsageError(f"Unknown task {task!r}. Valid tasks: {', '.join(TASKS)}.")

@@ -1,7 +1,7 @@
-"""Runs the path-independence study (`launch.path_independence_study`) and sums it up.
+"""Runs the path-independence study (`experiments.path_independence.study`) and sums it up.
 
 `run_study(root, scale)` trains every run of the grid until it fits or hits its cap
-(`train_until_fit`), analyses it (`launch.path_independence_analysis.analyse_run`: accuracy
+(`train_until_fit`), analyses it (`experiments.path_independence.analysis.analyse_run`: accuracy
 on the training size and on harder inputs at 1x-8x the training depth, AA, attacked AA)
 and appends one row per run to ``{root}/study.jsonl``; a run already there is not
 trained or analysed again, so an interrupted study resumes. Then it writes the summary
@@ -33,9 +33,7 @@ import jax
 
 from deq_jax.training import NonFiniteLossError, setup, train_and_evaluate
 from deq_jax.training.writers import read_metrics, write_json, write_text
-from launch import path_independence_analysis as analysis
-from launch import path_independence_plots as plots
-from launch import path_independence_study as study
+from experiments.path_independence import analysis, plots, study
 from launch.runs import check_run_config, quiet
 
 ROWS_FILE = "study.jsonl"

@@ -7,14 +7,14 @@ gradient (``unrolled``: backprop through the unrolled solve at a fixed depth;
 ``implicit``: the IFT backward mode with a tolerance-stopped solve), each trained until it
 fits its training lengths or a step cap; then the three interventions (mixed
 initialisation, randomised depth, the alignment penalty) on some of the unroll + backprop
-models. Flag-free: `launch.path_independence_report` ``--study`` runs it
-(`launch.path_independence_runner`).
+models. Flag-free: `experiments.path_independence.report` ``--study`` runs it
+(`experiments.path_independence.runner`).
 
 * `RunSpec`: one named run, its config overrides (`RunSpec.overrides`).
 * `StudyScale`: the sizes shared by every run (`CPU_SCALE`, `GPU_SCALE`, `SMOKE_SCALE`).
 * `study_specs`: the grid of a scale; `spec_config`: a spec's full config.
 
-The stopping rule (`launch.path_independence_runner.train_until_fit`): train in chunks
+The stopping rule (`experiments.path_independence.runner.train_until_fit`): train in chunks
 of ``chunk_steps``, check whole-answer accuracy on the training length at the training
 depth after each, stop at ``fit_threshold`` or at ``cap_steps``.
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from launch import path_independence_analysis as analysis
+from experiments.path_independence import analysis
 
 GRADIENTS = ("unrolled", "implicit")
 SOLVERS = ("fixed_point_iteration", "anderson")

@@ -23,7 +23,7 @@ cycle. CLRS-30's 16-node MST graphs are nearly forests, so keeping every edge is
 rule a model must beat at 64 nodes (`ClrsTask.all_edges_score`).
 
 All functions are numpy on host arrays: predictions come from the model
-(``launch/clrs_diagnose.py`` loads a trained run), targets from `ClrsTask`.
+(``experiments/clrs/diagnose.py`` loads a trained run), targets from `ClrsTask`.
 """
 
 from __future__ import annotations

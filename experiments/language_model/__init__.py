@@ -1,0 +1,2 @@
+"""The language-model study: the bits-per-character table over runs and seeds
+(README.md)."""
