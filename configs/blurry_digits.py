@@ -43,29 +43,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     )
     # Group norm keeps the cell convergent, mixed initialisation makes the fixed point
     # path independent, and Jacobian-free gradients keep a step cheap.
-    config.model = ConfigDict(
-        dict(
-            name="digits_deq",
-            width=16,
-            num_blocks=1,
-            kernel_size=3,
-            num_classes=10,
-            norm="group",
-            norm_groups=4,
-            weight_norm=False,
-            dropout_rate=0.0,
-        )
+    config.model.update(
+        dict(name="digits_deq", width=16, num_blocks=1, num_classes=10, norm="group")
     )
-    config.deq.update(
-        dict(
-            z_init="mixed", train_max_iter=15, eval_max_iter=30, backward=dict(name="jacobian_free")
-        )
-    )
-    config.train.update(
-        dict(steps=1_000, batch_size=32, optimizer="adam", learning_rate=2e-3, warmup_steps=50)
-    )
-    config.eval.update(dict(every_steps=500, batch_size=120))
-    config.ckpt.every_steps = 500
+    config.deq.update(dict(z_init="mixed", train_max_iter=15, backward=dict(name="jacobian_free")))
+    config.train.update(dict(batch_size=32, optimizer="adam", learning_rate=2e-3, warmup_steps=50))
+    config.eval.batch_size = 120
     config.log.every_steps = 100
     if arg == "smoke":
         default.smoke(

@@ -91,7 +91,13 @@ Sections:
   log: progress line and metric interval (``every_steps``), TensorBoard on/off.
 """
 
+import dataclasses
+
 from ml_collections import ConfigDict
+
+from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.solver_fit import BUDGET_FIELDS, NeuralSolverSpec
 
 
 def variant(arg: str | None, valid: tuple[str, ...] = ("smoke",)) -> str:
@@ -140,16 +146,20 @@ def smoke(
     eval_batch_size: int,
     budgets: tuple[int, int],
     max_batches: int = 1,
+    report_max_batches: int = 2,
+    budget_multipliers: tuple[int, ...] = (1, 2),
     **sections: dict,
 ) -> ConfigDict:
     """Shrinks a task config to its seconds-long test variant (``:smoke``).
 
-    A few ``steps`` of ``batch_size`` after ``warmup_steps``, evaluated every
-    ``eval_every`` steps (``max_batches`` batches of ``eval_batch_size``; 0: all) and
-    at 1x and 2x the train budget, with the (train, eval) solver ``budgets``; a
-    checkpoint every 2 steps (2 kept) and a log line every 2, so a smoke run still
-    writes checkpoints, metrics and TensorBoard events. ``sections`` update whole
-    sections, e.g. ``task=dict(train_size=256)``, ``model=dict(width=8)``.
+    The one smoke helper of every config: a few ``steps`` of ``batch_size`` after
+    ``warmup_steps``, evaluated every ``eval_every`` steps (``max_batches`` batches of
+    ``eval_batch_size``; 0: all) and by a final report of at most
+    ``report_max_batches`` batches per split at ``budget_multipliers`` times the train
+    budget, with the (train, eval) solver ``budgets``; a checkpoint every 2 steps and a
+    log line every 2, so a smoke run still writes checkpoints, metrics and TensorBoard
+    events. ``sections`` update whole sections, e.g. ``task=dict(train_size=256)``,
+    ``model=dict(width=8)``.
     """
     config.train.update(dict(steps=steps, batch_size=batch_size, warmup_steps=warmup_steps))
     config.eval.update(
@@ -157,11 +167,12 @@ def smoke(
             every_steps=eval_every,
             batch_size=eval_batch_size,
             max_batches=max_batches,
-            budget_multipliers=(1, 2),
+            report_max_batches=report_max_batches,
+            budget_multipliers=budget_multipliers,
         )
     )
     config.deq.train_max_iter, config.deq.eval_max_iter = budgets
-    config.ckpt.update(dict(every_steps=2, keep=2))
+    config.ckpt.every_steps = 2
     config.log.every_steps = 2
     config.update(sections)
     return config
@@ -176,9 +187,8 @@ def hypersolver(config: ConfigDict, arg: str, budgets: dict | None = None, **fie
     the fit to seconds (half its steps detached when the full fit detaches any).
     """
     ns = config.neural_solver
-    ns.update(dict(ablations=True, train_steps=300, batch_size=32))
+    ns.ablations = True
     ns.update(fields)
-    config.deq.neural_solver.update(dict(tol=1e-3, max_iter=30))
     config.deq.neural_solver.update(budgets or {})
     if arg == "smoke":
         config.deq.neural_solver.update(dict(target_max_iter=20, max_iter=6))
@@ -194,6 +204,21 @@ def hypersolver(config: ConfigDict, arg: str, budgets: dict | None = None, **fie
             )
         )
     return config
+
+
+def dataclass_section(
+    cls: type, *, only: tuple[str, ...] = (), exclude: tuple[str, ...] = ()
+) -> ConfigDict:
+    """A config section holding the defaults of the dataclass ``cls`` (their one home).
+
+    Args:
+      cls: a dataclass whose fields all have defaults (e.g. `JacobianRegularizer`).
+      only: keep just these fields (empty: all).
+      exclude: leave these fields out (those a run keeps in another section).
+    """
+    values = dataclasses.asdict(cls())
+    names = only or tuple(name for name in values if name not in exclude)
+    return ConfigDict({name: values[name] for name in names})
 
 
 def get_config() -> ConfigDict:
@@ -253,9 +278,9 @@ def get_config() -> ConfigDict:
             eval_max_iter=30,
             settle_patience=0,
             settle_tol=0.0,
-            neural_solver=dict(tol=1e-3, max_iter=30, target_tol=1e-6, target_max_iter=80),
         )
     )
+    config.deq.neural_solver = dataclass_section(NeuralSolverSpec, only=BUDGET_FIELDS)
 
     config.train = ConfigDict(
         dict(
@@ -299,55 +324,10 @@ def get_config() -> ConfigDict:
         )
     )
 
-    config.regularizer = ConfigDict(
-        dict(
-            jacobian_weight=0.0,
-            jacobian_weight_start=0.0,
-            jacobian_weight_steps=0,
-            jacobian_freq=1.0,
-            jacobian_stop_step=0,
-            jacobian_samples=1,
-            spectral_every=0,
-            spectral_iters=20,
-            spectral_weight=0.0,
-            spectral_target=1.0,
-            spectral_penalty_iters=10,
-        )
-    )
-
-    config.path_independence = ConfigDict(
-        dict(budget_min=1, budget_max=0, budget_choices=4, alignment_weight=0.0)
-    )
-
-    config.neural_solver = ConfigDict(
-        dict(
-            deq_workdir="",
-            m=5,
-            hidden=32,
-            kernel_size=3,
-            pool="mean",
-            anderson_tail=False,
-            learn_beta=True,
-            init_hidden=0,
-            init_kernel_size=3,
-            unroll_steps=6,
-            train_steps=300,
-            detached_steps=0,
-            batch_size=32,
-            target_batches=8,
-            max_target_residual=1e-2,
-            learning_rate=1e-3,
-            l1=1.0,
-            l2=1.0,
-            l3=0.1,
-            ablations=False,
-            seed=0,
-            alternating=False,
-            alt_warmup_steps=500,
-            alt_deq_steps=500,
-            alt_finetune_steps=50,
-        )
-    )
+    # The defaults of these three sections live in their dataclasses, and only there.
+    config.regularizer = dataclass_section(JacobianRegularizer)
+    config.path_independence = dataclass_section(PathIndependence)
+    config.neural_solver = dataclass_section(NeuralSolverSpec, exclude=BUDGET_FIELDS)
 
     config.ckpt = ConfigDict(dict(every_steps=500, keep=2, async_save=False))
 

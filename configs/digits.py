@@ -29,27 +29,20 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config = default.get_config()
     # "valid": 180 of the 1,437 training digits, cut out for model selection.
     config.task = ConfigDict(dict(name="digits", data_dir="", seed=0, valid_size=180))
-    config.model = ConfigDict(
+    config.model.update(
         dict(
             name="digits_deq",
             width=16,
             num_blocks=0,
-            kernel_size=3,
             num_classes=10,
             norm="group",
-            norm_groups=4,
             weight_norm=True,
-            dropout_rate=0.0,
         )
     )
-    config.deq.update(dict(train_max_iter=12, eval_max_iter=30))
-    config.train.update(
-        dict(steps=1_000, batch_size=32, optimizer="adam", learning_rate=2e-3, warmup_steps=50)
-    )
-    config.eval.update(dict(every_steps=500, batch_size=120, budget_multipliers=(1, 2)))
-    config.regularizer.update(dict(jacobian_samples=1, spectral_every=50, spectral_iters=20))
-    config.ckpt.every_steps = 500
-    config.log.every_steps = 50
+    config.deq.train_max_iter = 12
+    config.train.update(dict(batch_size=32, optimizer="adam", learning_rate=2e-3, warmup_steps=50))
+    config.eval.update(dict(batch_size=120, budget_multipliers=(1, 2)))
+    config.regularizer.spectral_every = 50
     if arg == "smoke":
         default.smoke(
             config,

@@ -55,16 +55,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
             dropout_rate=0.0,
         )
     )
-    config.deq.update(
-        dict(
-            z_init="mixed", train_max_iter=15, eval_max_iter=30, backward=dict(name="jacobian_free")
-        )
-    )
-    config.train.update(
-        dict(steps=1_500, batch_size=32, optimizer="adam", learning_rate=1e-3, warmup_steps=100)
-    )
-    config.eval.update(dict(every_steps=500, batch_size=100, max_batches=1))
-    config.ckpt.every_steps = 500
+    config.deq.update(dict(z_init="mixed", train_max_iter=15, backward=dict(name="jacobian_free")))
+    config.train.update(dict(steps=1_500, batch_size=32, optimizer="adam"))
+    config.eval.update(dict(batch_size=100, max_batches=1))
     config.log.every_steps = 100
     if arg == "smoke":
         default.smoke(

@@ -64,7 +64,7 @@ def lm_config() -> ConfigDict:
     segment lengths and the weight-tied warm-up)."""
     config = default.get_config()
     del config.path_independence  # no randomised budgets or alignment for the LM
-    config.train.update(dict(seq_len=64, pretrain_steps=0))
+    config.train.seq_len = 64
     # the periodic evaluation reads the validation split only (it selects the
     # checkpoint); the final evaluation reads valid and test, test once
     config.eval.update(dict(seq_len=0, budget_multipliers=(1,), splits=("valid",)))
@@ -102,25 +102,19 @@ def get_config(arg: str | None = None) -> ConfigDict:
             correction_gamma=0.8,
         )
     )
-    config.deq.update(dict(train_max_iter=20, eval_max_iter=30))
-    config.deq.solver.update(dict(name="anderson", tol=1e-3))
-    config.deq.backward.ift.update(dict(max_iter=20))
+    config.deq.train_max_iter = 20
+    config.deq.backward.ift.max_iter = 20
     config.train.update(
         dict(
             steps=1_500,
             batch_size=16,
-            seq_len=64,
             pretrain_steps=300,
             optimizer="adam",
-            learning_rate=1e-3,
-            warmup_steps=100,
             grad_clip_norm=0.25,
         )
     )
-    config.eval.update(dict(every_steps=500, batch_size=16, max_batches=40))
-    config.regularizer.update(dict(jacobian_weight_start=0.0, jacobian_samples=1))
+    config.eval.update(dict(batch_size=16, max_batches=40))
     config.ckpt.every_steps = 250
-    config.log.every_steps = 50
     if "pre_ln" in names:
         config.model.ln_placement = "pre"
     if "jacobian" in names:
@@ -142,12 +136,19 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.ckpt.every_steps = 2_000
         config.log.every_steps = 100
     if "smoke" in names:
-        config.model.update(dict(d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8))
-        config.deq.update(dict(train_max_iter=4, eval_max_iter=4))
-        config.train.update(dict(steps=4, batch_size=4, seq_len=8, warmup_steps=1))
+        default.smoke(
+            config,
+            steps=4,
+            batch_size=4,
+            warmup_steps=1,
+            eval_every=2,
+            eval_batch_size=4,
+            budgets=(4, 4),
+            max_batches=2,
+            budget_multipliers=(1,),
+            model=dict(d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8),
+            train=dict(seq_len=8),
+        )
         if config.train.pretrain_steps:
             config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
-        config.eval.update(dict(every_steps=2, batch_size=4, max_batches=2))
-        config.ckpt.every_steps = 2
-        config.log.every_steps = 2
     return config

@@ -5,7 +5,7 @@ Train the language model, then its solver with the LM frozen, then sweep the sol
     python -m launch.main --config configs/lm_shakespeare.py --workdir /tmp/lm
     python -m launch.main --config configs/lm_shakespeare_hypersolver.py \\
         --workdir /tmp/lm_solver --config.neural_solver.deq_workdir=/tmp/lm
-    python -m launch.solver_pareto --config configs/lm_shakespeare_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/lm_shakespeare_hypersolver.py \\
         --workdir /tmp/lm_solver --config.neural_solver.deq_workdir=/tmp/lm
 
 The task, model and DEQ sections are those of ``configs/lm_shakespeare.py`` (the
@@ -39,10 +39,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
         "smoke" if smoke else "",
         hidden=8,
         init_hidden=3,
-        init_kernel_size=3,
         pool="last",
         unroll_steps=10,
-        budgets=dict(tol=1e-3, max_iter=30, target_max_iter=60),
+        budgets=dict(target_max_iter=60),
         train_steps=200,
         detached_steps=150,
         batch_size=16,

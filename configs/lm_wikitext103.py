@@ -31,9 +31,7 @@ from configs import default, lm_shakespeare
 
 def get_config(arg: str | None = None) -> ConfigDict:
     """The WikiText-103 config; ``arg``: ``"smoke"``, ``"jacobian"`` or both (comma)."""
-    names = tuple(v.strip() for v in (arg or "").split(",") if v.strip())
-    for name in names:
-        default.variant(name, ("smoke", "jacobian"))
+    names = default.variants(arg, ("smoke", "jacobian"))
     config = lm_shakespeare.lm_config()
     config.task = ConfigDict(dict(name="wikitext", path="", data_dir=""))
     config.model = lm_shakespeare.get_config().model
@@ -45,15 +43,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
             d_inner=48_000,
             mem_len=150,
             dropout=0.05,
-            dropatt=0.0,
             dropouti=0.0,
             cutoffs=(20_000, 40_000, 200_000),
             div_val=4,
-            n_layer=2,
         )
     )
-    config.deq.update(dict(train_max_iter=30, eval_max_iter=30))
-    config.deq.solver.update(dict(name="anderson", tol=1e-3, stop_mode="rel"))
     config.deq.backward.ift.update(dict(solver="broyden", max_iter=35))
     config.train.update(
         dict(
@@ -64,11 +58,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
             optimizer="adam",
             learning_rate=2.5e-4,
             warmup_steps=16_000,
-            schedule="cosine",
             grad_clip_norm=0.25,
         )
     )
-    config.eval.update(dict(every_steps=5_000, batch_size=8, max_batches=0, seq_len=150))
+    config.eval.update(dict(every_steps=5_000, batch_size=8, seq_len=150))
     config.ckpt.every_steps = 5_000
     config.log.every_steps = 200
     if "jacobian" in names:
@@ -77,15 +70,21 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.deq.backward.ift.max_iter = 14
         config.regularizer.update(dict(jacobian_weight=2.0, jacobian_freq=0.4))
     if "smoke" in names:
-        config.model.update(
-            dict(d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8, cutoffs=(4, 8), div_val=2)
+        default.smoke(
+            config,
+            steps=4,
+            batch_size=4,
+            warmup_steps=1,
+            eval_every=2,
+            eval_batch_size=4,
+            budgets=(4, 4),
+            max_batches=2,
+            budget_multipliers=(1,),
+            model=dict(
+                d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8, cutoffs=(4, 8), div_val=2
+            ),
+            deq=dict(backward=dict(ift=dict(max_iter=4))),
+            train=dict(seq_len=8, pretrain_steps=2),
+            eval=dict(seq_len=8),
         )
-        config.deq.update(dict(train_max_iter=4, eval_max_iter=4))
-        config.deq.backward.ift.max_iter = 4
-        config.train.update(
-            dict(steps=4, batch_size=4, seq_len=8, pretrain_steps=2, warmup_steps=1)
-        )
-        config.eval.update(dict(every_steps=2, batch_size=4, max_batches=2, seq_len=8))
-        config.ckpt.every_steps = 2
-        config.log.every_steps = 2
     return config

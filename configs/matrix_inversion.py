@@ -59,9 +59,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             z_init="mixed", train_max_iter=20, eval_max_iter=40, backward=dict(name="jacobian_free")
         )
     )
-    config.train.update(
-        dict(steps=3_000, batch_size=64, optimizer="adam", learning_rate=1e-3, warmup_steps=100)
-    )
+    config.train.update(dict(steps=3_000, optimizer="adam"))
     config.eval.update(dict(every_steps=1_000, batch_size=500, max_batches=1))
     config.ckpt.every_steps = 1_000
     config.log.every_steps = 100

@@ -97,40 +97,19 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # norm keeps the map size-agnostic and convergent, Jacobian-free gradients make a
     # step cheaper than IFT, and the grid stem moves information twice as far per
     # convolution at a quarter of the cost.
-    config.model = ConfigDict(
-        dict(
-            name="maze_deq",
-            width=32,
-            num_blocks=2,
-            kernel_size=3,
-            num_classes=2,
-            norm="layer",
-            norm_groups=4,
-            weight_norm=False,
-            dropout_rate=0.0,
-            stem="grid",
-        )
-    )
-    config.deq.update(
-        dict(
-            z_init="mixed", train_max_iter=30, eval_max_iter=60, backward=dict(name="jacobian_free")
-        )
-    )
-    config.train.update(dict(steps=4_000, batch_size=32, learning_rate=2e-3, warmup_steps=100))
+    config.model.update(dict(name="maze_deq", norm="layer", stem="grid"))
+    config.deq.update(dict(z_init="mixed", eval_max_iter=60, backward=dict(name="jacobian_free")))
+    config.train.update(dict(steps=4_000, batch_size=32, learning_rate=2e-3))
     config.eval.update(
         dict(
-            every_steps=500,
             batch_size=100,
             # valid only: it selects the checkpoint, and the test mazes are read once,
             # by the final report (--config.eval.splits="('valid','test_13')" to watch
             # a test size during training)
             splits=("valid",),
             max_batches=1,
-            budget_multipliers=(1, 2, 4),
         )
     )
-    config.ckpt.every_steps = 500
-    config.log.every_steps = 50
     if "gpu" in names:
         # deep-thinking's maze model width (128) and training set (50,000 mazes), four
         # times the batch (an accelerator runs it at little extra cost), 1,000 test
@@ -157,6 +136,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
                 val_size=16,
             ),
             model=dict(width=8, num_blocks=1),
-            eval=dict(splits=("valid",)),
         )
     return config

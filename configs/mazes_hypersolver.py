@@ -5,7 +5,7 @@ Train the DEQ, then its solver with the DEQ frozen, then sweep the solvers::
     python -m launch.main --config configs/mazes.py --workdir /tmp/mazes
     python -m launch.main --config configs/mazes_hypersolver.py --workdir /tmp/mazes_solver \\
         --config.neural_solver.deq_workdir=/tmp/mazes
-    python -m launch.solver_pareto --config configs/mazes_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/mazes_hypersolver.py \\
         --workdir /tmp/mazes_solver --config.neural_solver.deq_workdir=/tmp/mazes \\
         --split test_13 --budgets=10,20,30,40,50,60
 
@@ -35,7 +35,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
         hidden=8,
         init_kernel_size=1,
         unroll_steps=20,
-        train_steps=300,
         detached_steps=300,
         learning_rate=5e-3,
         learn_beta=False,

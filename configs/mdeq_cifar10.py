@@ -24,7 +24,7 @@ Other variants as in ``configs/mdeq_fashion_mnist.py`` (``explicit``, ``jacobian
 2 on every step, ``torchdeq``, ``broyden``, ``smoke``). Images per second and the memory
 of a step, without the data set::
 
-    python -m launch.step_cost --config configs/mdeq_cifar10.py:small --workdir /tmp/cost \\
+    python -m benchmarks.step_cost --config configs/mdeq_cifar10.py:small --workdir /tmp/cost \\
         --synthetic --input_shape=32,32,3
 
 References:
@@ -38,6 +38,7 @@ References:
 from ml_collections import ConfigDict
 
 from configs import default, mdeq_fashion_mnist
+from deq_jax.models.mdeq import LARGE, SMALL, TINY
 
 VARIANTS = ("smoke", "small", "large", "explicit", "jacobian", "torchdeq", "broyden")
 # Training images per epoch: the 50,000 less the 5,000 held out for validation.
@@ -51,10 +52,9 @@ def _epochs(epochs: int, batch_size: int) -> int:
 
 def get_config(arg: str | None = None) -> ConfigDict:
     """The CIFAR-10 config with the variants of ``arg`` (module docstring)."""
-    from deq_jax.models.mdeq import SMALL
-
-    names = default.variants(arg, VARIANTS)
-    config = mdeq_fashion_mnist.mdeq_config(names)
+    names = default.variants(arg, VARIANTS, {"size": ("small", "large")})
+    size = SMALL if "small" in names else LARGE if "large" in names else TINY
+    config = mdeq_fashion_mnist.mdeq_config(names, size)
     config.task = ConfigDict(
         dict(
             name="cifar10",
@@ -67,18 +67,16 @@ def get_config(arg: str | None = None) -> ConfigDict:
             image_size=32,
         )
     )
-    if ("small" in names) + ("large" in names) > 1:
-        raise ValueError("configs/mdeq_cifar10.py: choose one size, small or large.")
     deq = config.model.mode == "deq"
     config.deq.update(dict(train_max_iter=22, eval_max_iter=22))
     config.deq.backward.ift.max_iter = 24
     config.train.update(dict(steps=_epochs(50, 128), batch_size=128, warmup_steps=500))
-    config.train.pretrain_steps = 3_000 if deq else 0
+    if deq:
+        config.train.pretrain_steps = 3_000
     config.eval.update(dict(every_steps=1_760, batch_size=500))
     config.ckpt.every_steps = 1_760
     config.log.every_steps = 100
     if "small" in names:
-        config.model.update(dict(SMALL))
         config.model.dropout_rate = 0.25  # SMALL's 0.0 is locuslab's ImageNet setting
         config.task.update(dict(crop_padding=4, flip=True))
         config.deq.update(dict(train_max_iter=26, eval_max_iter=26))
@@ -88,8 +86,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.ckpt.every_steps = 1_950
     if "large" in names:
         _large(config, regularised="jacobian" in names, deq=deq)
-    config.model.channels = tuple(config.model.channels)
-    config.model.head_channels = tuple(config.model.head_channels)
     if "smoke" in names:
         mdeq_fashion_mnist.mdeq_smoke(config, valid_size=100)
     return config
@@ -97,21 +93,20 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
 def _large(config: ConfigDict, *, regularised: bool, deq: bool) -> None:
     """locuslab's ``cls_mdeq_LARGE`` (or, ``regularised``, ``cls_mdeq_LARGE_reg``)."""
-    from deq_jax.models.mdeq import LARGE
-
-    config.model.update(dict(LARGE))
     config.task.update(dict(crop_padding=4, flip=True))
     if not regularised:
         config.deq.update(dict(train_max_iter=18, eval_max_iter=18))
         config.deq.backward.ift.max_iter = 20
-        config.train.update(dict(steps=_epochs(220, 128), batch_size=128, warmup_steps=1_000))
-        config.train.pretrain_steps = 20_000 if deq else 0
+        config.train.update(dict(steps=_epochs(220, 128), warmup_steps=1_000))
+        if deq:
+            config.train.pretrain_steps = 20_000
     else:
         config.model.dropout_rate = 0.22
         config.deq.update(dict(train_max_iter=8, eval_max_iter=8))
         config.deq.backward.ift.max_iter = 7
         config.train.update(dict(steps=_epochs(220, 96), batch_size=96, warmup_steps=1_000))
-        config.train.pretrain_steps = 16_000 if deq else 0
+        if deq:
+            config.train.pretrain_steps = 16_000
         config.regularizer.update(
             dict(
                 jacobian_weight=0.4,

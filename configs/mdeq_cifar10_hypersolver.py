@@ -8,7 +8,7 @@ the same variants, e.g. ``:small``)::
     python -m launch.main --config configs/mdeq_cifar10_hypersolver.py \\
         --workdir /tmp/mdeq_c10_solver --config.neural_solver.deq_workdir=/tmp/mdeq_c10 \\
         --config.task.dir=$HOME/data/cifar-10-batches-py
-    python -m launch.solver_pareto --config configs/mdeq_cifar10_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/mdeq_cifar10_hypersolver.py \\
         --workdir /tmp/mdeq_c10_solver --config.neural_solver.deq_workdir=/tmp/mdeq_c10 \\
         --config.task.dir=$HOME/data/cifar-10-batches-py
 
@@ -31,13 +31,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config,
         "smoke" if smoke else "",
         hidden=16,
-        init_kernel_size=3,
-        pool="mean",
         unroll_steps=10,
-        budgets=dict(tol=1e-3, max_iter=40, target_max_iter=80),
+        budgets=dict(max_iter=40),
         train_steps=500,
         detached_steps=300,
-        batch_size=32,
-        target_batches=8,
         max_target_residual=2e-2,
     )

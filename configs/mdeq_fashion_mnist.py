@@ -22,7 +22,7 @@ default's 6.6 epochs take about 8 hours on 2 CPU cores (16 training images/s at 
 32, BUILD_NOTES): an accelerator's job.
 The throughput and the memory of a training step::
 
-    python -m launch.step_cost --config configs/mdeq_fashion_mnist.py --workdir /tmp/cost
+    python -m benchmarks.step_cost --config configs/mdeq_fashion_mnist.py --workdir /tmp/cost
 
 References:
   Bai, Koltun & Kolter, "Multiscale Deep Equilibrium Models", NeurIPS 2020.
@@ -34,6 +34,7 @@ References:
 from ml_collections import ConfigDict
 
 from configs import default
+from deq_jax.models.mdeq import TINY
 
 VARIANTS = ("smoke", "explicit", "jacobian", "torchdeq", "broyden", "gpu", "cpu")
 
@@ -47,40 +48,25 @@ def variants(arg: str | None) -> tuple[str, ...]:
     return default.variants(arg, VARIANTS)
 
 
-def mdeq_config(names: tuple[str, ...]) -> ConfigDict:
-    """The MDEQ sections shared by the Fashion-MNIST and CIFAR-10 configs: TINY,
-    Anderson + IFT, the warm-up, and the variants of ``names`` (but ``smoke``, which
-    each data set shrinks its own way)."""
-    from deq_jax.models.mdeq import TINY
-
+def mdeq_config(names: tuple[str, ...], size: dict = TINY) -> ConfigDict:
+    """The MDEQ sections shared by the Fashion-MNIST and CIFAR-10 configs: the model of
+    ``size`` (`deq_jax.models.mdeq`'s ``TINY``, ``SMALL`` or ``LARGE``), Anderson + IFT,
+    and the variants of ``names`` (but ``smoke``, which each data set shrinks its own
+    way)."""
     config = default.get_config()
-    config.model = ConfigDict(dict(name="mdeq", num_classes=10, mode="deq", **TINY))
-    config.model.channels = tuple(config.model.channels)
-    config.model.head_channels = tuple(config.model.head_channels)
+    config.model = ConfigDict(dict(name="mdeq", num_classes=10, mode="deq", **size))
     config.deq.update(dict(train_max_iter=12, eval_max_iter=18))
-    config.deq.solver.update(dict(name="anderson", tol=1e-3))
-    config.deq.backward.ift.update(dict(max_iter=12))
-    config.train.update(
-        dict(
-            optimizer="adam",
-            learning_rate=1e-3,
-            weight_decay=0.0,
-            schedule="cosine",
-            warmup_steps=100,
-            grad_clip_norm=1.0,
-        )
-    )
+    config.deq.backward.ift.max_iter = 12
+    config.train.update(dict(optimizer="adam", weight_decay=0.0))
     config.eval.update(dict(splits=("valid",), budget_multipliers=(1, 2)))
-    config.regularizer.update(dict(jacobian_samples=1))
     if "explicit" in names:
         config.model.mode = "weight_tied"
-        config.train.pretrain_steps = 0
     if "jacobian" in names:
         # gamma 2 on every step, on the per-dimension estimate ||J||_F^2 / d
-        config.regularizer.update(dict(jacobian_weight=2.0, jacobian_freq=1.0))
+        config.regularizer.jacobian_weight = 2.0
     if "torchdeq" in names:
         config.deq.backward.name = "phantom"
-        config.deq.backward.phantom.update(dict(k=5, tau=0.8))
+        config.deq.backward.phantom.tau = 0.8
     if "broyden" in names:
         config.deq.solver.name = "broyden"
     return config
@@ -104,7 +90,6 @@ def mdeq_smoke(config: ConfigDict, valid_size: int) -> ConfigDict:
     if config.model.mode == "deq":
         config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
     config.task.valid_size = valid_size
-    config.eval.report_max_batches = 2
     return config
 
 
@@ -132,7 +117,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.ckpt.every_steps = 950
     config.log.every_steps = 285
     if "gpu" in names:  # 20 epochs
-        config.train.update(dict(steps=8_600, batch_size=128, warmup_steps=300))
+        config.train.update(dict(steps=8_600, warmup_steps=300))
         if config.model.mode == "deq":
             config.train.pretrain_steps = 1_000
         config.eval.update(dict(every_steps=2_150))

@@ -5,7 +5,7 @@ Train the MDEQ, then its solver with the MDEQ frozen, then sweep the solvers::
     python -m launch.main --config configs/mdeq_fashion_mnist.py --workdir /tmp/mdeq_fm
     python -m launch.main --config configs/mdeq_fashion_mnist_hypersolver.py \\
         --workdir /tmp/mdeq_fm_solver --config.neural_solver.deq_workdir=/tmp/mdeq_fm
-    python -m launch.solver_pareto --config configs/mdeq_fashion_mnist_hypersolver.py \\
+    python -m experiments.neural_solver.pareto --config configs/mdeq_fashion_mnist_hypersolver.py \\
         --workdir /tmp/mdeq_fm_solver --config.neural_solver.deq_workdir=/tmp/mdeq_fm
 
 The task, model and DEQ sections are those of ``configs/mdeq_fashion_mnist.py`` (the
@@ -35,12 +35,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
         "smoke" if smoke else "",
         hidden=8,
         init_kernel_size=1,
-        pool="mean",
         unroll_steps=10,
-        budgets=dict(tol=1e-3, max_iter=30, target_max_iter=60),
-        train_steps=300,
+        budgets=dict(target_max_iter=60),
         detached_steps=200,
-        batch_size=32,
-        target_batches=8,
         max_target_residual=2e-2,
     )

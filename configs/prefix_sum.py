@@ -31,16 +31,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # initialisation makes the fixed point path independent, and Jacobian-free
     # gradients make a step cheaper than IFT.
     config.model.norm = "layer"
-    config.deq.update(
-        dict(
-            z_init="mixed",
-            train_max_iter=30,
-            eval_max_iter=100,
-            backward=dict(name="jacobian_free"),
-        )
-    )
+    config.deq.update(dict(z_init="mixed", eval_max_iter=100, backward=dict(name="jacobian_free")))
     config.train.update(dict(steps=2_000, batch_size=32, learning_rate=3e-3))
-    config.eval.update(dict(every_steps=500, max_batches=2))
+    config.eval.max_batches = 2
     if arg == "smoke":
         default.smoke(
             config,

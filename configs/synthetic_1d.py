@@ -47,13 +47,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
             out_std=0.5,
         )
     )
-    config.deq.update(dict(train_max_iter=30, eval_max_iter=60))
+    config.deq.eval_max_iter = 60
     config.train.update(
         dict(
             steps=80_000,
             batch_size=128,
             optimizer="adam",
-            learning_rate=1e-3,
             warmup_steps=0,
             grad_clip_norm=0.0,
         )

@@ -1,6 +1,15 @@
 """The config files: sections, the smoke variant, and building components by name."""
 
+import ast
+import collections
+import dataclasses
 import importlib
+import inspect
+import itertools
+import linecache
+import os
+import re
+import sys
 
 import pytest
 from ml_collections import ConfigDict
@@ -8,6 +17,11 @@ from ml_collections import ConfigDict
 from configs import default, prefix_sum
 from deq_jax import backward, solvers
 from deq_jax.training import build
+from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.regularizer import JacobianRegularizer
+from deq_jax.training.solver_fit import BUDGET_FIELDS, NeuralSolverSpec
+
+CONFIG_DIR = os.path.dirname(os.path.abspath(default.__file__))
 
 SECTIONS = ("task", "model", "deq", "train", "eval", "ckpt", "log")
 
@@ -152,3 +166,157 @@ def test_old_layout_names_the_new_key(old, new):
 
 def test_config_modules_import_by_name():
     assert importlib.import_module("configs.prefix_sum").get_config is prefix_sum.get_config
+
+
+@pytest.mark.parametrize(
+    "cls, section, field, value",
+    [
+        (JacobianRegularizer, "regularizer", "jacobian_freq", 0.25),
+        (PathIndependence, "path_independence", "budget_choices", 7),
+        (NeuralSolverSpec, "neural_solver", "unroll_steps", 11),
+        (NeuralSolverSpec, "deq.neural_solver", "target_max_iter", 123),
+    ],
+)
+def test_dataclass_defaults_are_the_config_defaults(monkeypatch, cls, section, field, value):
+    """The dataclass is the one home of these defaults: the config section is built from
+    it (a changed dataclass default shows up in the config), and reads back to it."""
+
+    def node(config):
+        for part in section.split("."):
+            config = config[part]
+        return config
+
+    config = default.get_config()
+    if section == "deq.neural_solver":
+        assert set(node(config)) == set(BUDGET_FIELDS)
+        assert NeuralSolverSpec.from_run_config(config) == NeuralSolverSpec()
+    else:
+        assert cls.from_config(node(config)) == cls()
+    changed = dataclasses.make_dataclass(
+        cls.__name__,
+        [(field, type(value), dataclasses.field(default=value))],
+        bases=(cls,),
+        frozen=True,
+    )
+    monkeypatch.setattr(default, cls.__name__, changed)
+    assert node(default.get_config())[field] == value
+
+
+def test_every_config_has_max_nonfinite_steps():
+    for module, arg in _every_config():
+        config = module.get_config(arg)
+        assert config.train.max_nonfinite_steps == 5, (module.__name__, arg)
+
+
+def _config_modules():
+    """Every config module but `default` (helpers without `get_config` left out)."""
+    names = sorted(n[:-3] for n in os.listdir(CONFIG_DIR) if n.endswith(".py"))
+    modules = [importlib.import_module(f"configs.{n}") for n in names if n != "__init__"]
+    return [m for m in modules if hasattr(m, "get_config") and m is not default]
+
+
+def _valid_arguments(module):
+    """The variant names ``module.get_config`` accepts, read from its error message."""
+    with pytest.raises(ValueError) as info:
+        module.get_config("no_such_variant")
+    return re.search(r"Valid arguments: (.*)\.", str(info.value)).group(1).split(", ")
+
+
+def _every_config():
+    """Every (module, argument) that builds: no variant, and up to three joined by commas."""
+    for module in _config_modules():
+        names = _valid_arguments(module)
+        combos = itertools.chain.from_iterable(itertools.combinations(names, k) for k in range(4))
+        for combo in combos:
+            try:
+                module.get_config(",".join(combo))
+            except ValueError:
+                continue  # e.g. two sizes
+            yield module, ",".join(combo)
+
+
+def _passes_on_a_callers_dict(frame):
+    """Whether ``frame`` runs ``x.update(arg)`` on a dict its caller passed (``smoke``'s
+    ``sections``, ``hypersolver``'s ``fields``): then the write is the caller's."""
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    try:
+        call = ast.parse(line).body[0].value
+    except (SyntaxError, AttributeError, IndexError):
+        return False
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "update"):
+        return False
+    arg = call.args[0] if len(call.args) == 1 else None
+    arg = arg.values[0] if isinstance(arg, ast.BoolOp) else arg
+    return isinstance(arg, ast.Name) and arg.id in code.co_varnames[:count]
+
+
+def _write_site(frame, root):
+    """``file:line`` of the innermost frame under ``root`` that made a write."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(root) and not _passes_on_a_callers_dict(frame):
+            return f"{os.path.relpath(filename, os.path.dirname(root))}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _no_op_writes(monkeypatch, builds, root):
+    """The (site, key) of every write made under ``root`` by ``builds`` that never changes
+    a value: it sets a field to the value it already has (in every build that runs it),
+    or replaces a section with one that keeps all its fields and repeats some."""
+    outcomes = collections.defaultdict(list)
+    setitem = ConfigDict.__setitem__
+
+    def record(self, key, value):
+        site = _write_site(sys._getframe(1), root)
+        old = self._fields.get(key) if key in self else None
+        if site is not None and key in self:
+            if isinstance(old, ConfigDict):
+                if isinstance(value, dict | ConfigDict) and set(old) <= set(value):
+                    for field in old:
+                        outcomes[site, f"{key}.{field}"].append(old[field] == value[field])
+            else:
+                outcomes[site, key].append(bool(old == value))
+        setitem(self, key, value)
+
+    monkeypatch.setattr(ConfigDict, "__setitem__", record)
+    for build_config in builds:
+        build_config()
+    return sorted(f"{site} {key}" for (site, key), same in outcomes.items() if all(same))
+
+
+def test_no_config_writes_a_default(monkeypatch):
+    """Task configs set only what differs: no write sets a field to its current value."""
+    builds = [lambda m=m, a=a: m.get_config(a) for m, a in _every_config()]
+    assert len(builds) > 100
+    no_ops = _no_op_writes(monkeypatch, builds, CONFIG_DIR)
+    assert not no_ops, "These config writes set a field to the value it has:\n" + "\n".join(no_ops)
+
+
+def _writes_a_default(arg=None):
+    config = default.get_config()
+    config.train.steps = 2_000  # a change
+    config.train.update(dict(batch_size=64, seed=1))  # batch_size: 64 already
+    default.smoke(
+        config,
+        steps=4,
+        batch_size=8,
+        warmup_steps=1,
+        eval_every=2,
+        eval_batch_size=8,
+        budgets=(4, 4),
+        model=dict(width=32),
+    )
+    config.task = ConfigDict(dict(config.task, name="prefix_sum"))  # no change
+    return config
+
+
+def test_the_write_detector_finds_no_op_writes(monkeypatch):
+    tests = os.path.dirname(os.path.abspath(__file__))
+    found = _no_op_writes(monkeypatch, [_writes_a_default], tests)
+    lines = {key: int(site.rsplit(":", 1)[1]) for site, key in (f.split() for f in found)}
+    assert set(lines) == {"batch_size", "width"} | {f"task.{k}" for k in default.get_config().task}
+    assert len(set(lines.values())) == 3  # the update, the smoke call, the replacement
