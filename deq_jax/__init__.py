@@ -11,9 +11,25 @@ The functional core::
 See ``shared/DESIGN.md`` for the architecture: solvers and backward modes at the bottom,
 Flax modules (`deq_jax.nn`) above them, the task models (`deq_jax.models`), then
 analysis, the neural solver and training; tasks (data) beside the bottom layers.
+
+``import deq_jax`` needs only jax, flax, optax and numpy. `deq_jax.training` (orbax
+checkpoints, TensorBoard logs, absl logging: the ``[train]`` extra) is imported on first
+use, ``dj.training.train_and_evaluate`` or ``import deq_jax.training``, as are the tasks
+stored through tensorflow-datasets (`deq_jax.tasks.get`).
 """
 
-from deq_jax import analysis, backward, models, neural_solver, nn, regularizers, solvers
+import importlib
+
+from deq_jax import (
+    analysis,
+    backward,
+    models,
+    neural_solver,
+    nn,
+    regularizers,
+    solvers,
+    tasks,
+)
 from deq_jax.fixed_point import fixed_point
 from deq_jax.solvers.base import Solution, Solver, SolverStats
 
@@ -31,4 +47,16 @@ __all__ = [
     "nn",
     "regularizers",
     "solvers",
+    "tasks",
+    "training",
 ]
+
+# Subpackages that need the ``[train]`` extra, imported by their first attribute access.
+_ON_FIRST_USE = ("training",)
+
+
+def __getattr__(name: str):
+    """PEP 562: imports `deq_jax.training` when ``deq_jax.training`` is first read."""
+    if name in _ON_FIRST_USE:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -45,6 +45,14 @@ flipped per step (`deq_jax.tasks.image_files`).
 Language modelling (``"char_text"``, ``"wikitext"``) streams tokens instead of
 examples; its interface is in `deq_jax.tasks.text`.
 
+Importing this package is light (numpy and jax): the tasks generated in memory
+(``"synthetic_1d"``, ``"mazes"``, ``"edge_copy"``, ``"matrix_inversion"`` and CLRS's
+``"clrs"``) are imported with it, while those stored or read through
+tensorflow-datasets (prefix sums, the image and text tasks: the ``[train]`` extra's
+dependencies) import their module, and tfds, on the first `get` of one of them. Their
+classes live in their modules (`deq_jax.tasks.prefix_sum.PrefixSumConfig`,
+`deq_jax.tasks.text.TextTask`, ...).
+
 References:
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
   Computation", NeurIPS 2022.
@@ -52,45 +60,62 @@ References:
   Problems with Recurrent Networks", NeurIPS 2021.
 """
 
+import importlib
+
 from deq_jax._registry import Registry
 from deq_jax.tasks import data
-from deq_jax.tasks.blurry_digits import blurry_digits
 from deq_jax.tasks.edge_copy import edge_copy
-from deq_jax.tasks.image_files import cifar10, fashion_mnist, mnist
-from deq_jax.tasks.images import digits
 from deq_jax.tasks.matrix_inversion import matrix_inversion
 from deq_jax.tasks.mazes import mazes
-from deq_jax.tasks.prefix_sum import PrefixSumConfig, PrefixSumTask, prefix_sum
 from deq_jax.tasks.synthetic_1d import synthetic_1d
-from deq_jax.tasks.text import DEFAULT_SHAKESPEARE_DIR, TextTask, char_text, wikitext
 from deq_jax.tasks.text_vocab import Vocabulary
 
 _REGISTRY = Registry("task")
-# The registry's bound methods are this package's public registry functions.
-register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
-register(prefix_sum.__name__, prefix_sum)
+register = _REGISTRY.register
 register(synthetic_1d.__name__, synthetic_1d)
-register(digits.__name__, digits)
-register(cifar10.__name__, cifar10)
-register(fashion_mnist.__name__, fashion_mnist)
-register(mnist.__name__, mnist)
 register(mazes.__name__, mazes)
 register(edge_copy.__name__, edge_copy)
 register(matrix_inversion.__name__, matrix_inversion)
-register(blurry_digits.__name__, blurry_digits)
-register(char_text.__name__, char_text)
-register(wikitext.__name__, wikitext)
+
+# The tasks read through tensorflow-datasets, each named with the module that defines
+# it: that module (and tfds) is imported by the first `get` of the task, so importing
+# this package, and the models that use its base class, needs no data-pipeline package.
+_TFDS_TASKS = {
+    "prefix_sum": "prefix_sum",
+    "digits": "images",
+    "cifar10": "image_files",
+    "fashion_mnist": "image_files",
+    "mnist": "image_files",
+    "blurry_digits": "blurry_digits",
+    "char_text": "text",
+    "wikitext": "text",
+}
+
+
+def names() -> list[str]:
+    """The task names `get` accepts, sorted (registered and tfds-backed alike)."""
+    return sorted({*_REGISTRY.names(), *_TFDS_TASKS})
+
+
+def get(name: str, **kwargs):
+    """Builds the task ``name`` with ``kwargs`` (see the module docstring).
+
+    Raises:
+      ValueError: for an unknown name (the message lists the valid ones) or a keyword
+        the task does not take (the message lists those it takes).
+    """
+    if name not in _REGISTRY and name in _TFDS_TASKS:
+        module = importlib.import_module(f"{__name__}.{_TFDS_TASKS[name]}")
+        register(name, getattr(module, name))
+    if name not in _REGISTRY:
+        raise ValueError(f"Unknown task {name!r}. Valid tasks: {', '.join(names())}.")
+    return _REGISTRY.get(name, **kwargs)
 
 
 __all__ = [
-    "DEFAULT_SHAKESPEARE_DIR",
-    "PrefixSumConfig",
-    "PrefixSumTask",
-    "TextTask",
     "Vocabulary",
     "data",
     "get",
     "names",
-    "prefix_sum",
     "register",
 ]
