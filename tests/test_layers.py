@@ -1,24 +1,30 @@
 """The layers of DESIGN.md, enforced: imports point down, nothing hides in a function.
 
-An AST walk (no import is executed) over ``deq_jax/``, ``launch/`` and ``configs/``
-checks four rules, each failure naming the file, the line and the rule:
+An AST walk (no import is executed) over ``deq_jax/``, ``launch/``, ``configs/``,
+``experiments/`` and ``benchmarks/`` checks four rules, each failure naming the file,
+the line and the rule:
 
 * ``cycle``: no import cycle between modules, counting module-level imports only. An
   import is an edge to the module it names (``from pkg import sub`` to ``pkg.sub`` when
   that is a module, else to ``pkg``), never to the packages above it: a package's
   ``__init__`` that re-exports its own submodules is not a cycle with them, while a
-  submodule importing a name from its package's ``__init__`` is.
+  submodule importing a name from its package's ``__init__`` is. A study (a subfolder of
+  ``experiments/``) and ``benchmarks/`` are each one unit, and no circle runs between
+  units either, even one that no single pair of modules closes.
 * ``layer``: an import only points down the order
   ``solvers < backward < fixed_point < regularizers < nn < models <
-  {analysis, neural_solver} < training < launch/configs``, with
+  {analysis, neural_solver} < training < launch/configs < experiments/benchmarks``, with
   ``_flat``, ``_forward_mode``, ``_registry`` and ``_sections`` the ground floor; ``analysis`` and
   ``neural_solver`` do not import each other; ``deq_jax.tasks`` imports only the ground
   floor, solvers, backward and fixed_point, and only models and what is above them import
-  it. ``deq_jax/__init__.py`` is the package face: it may import anything, and only the
-  command line imports it. A ``deq_jax`` module outside these layers is a failure too.
+  it. ``deq_jax/__init__.py`` is the package face: it may import any of ``deq_jax``, and
+  only the command line and the studies import it. ``experiments`` and ``benchmarks`` may import
+  ``deq_jax``, ``launch`` and ``configs``, which never import them. A ``deq_jax`` module
+  outside these layers is a failure too.
 * ``lazy``: no import of a ``deq_jax`` module inside a function in ``deq_jax/``
   (an import dodging a cycle means a piece sits on the wrong floor: move the piece).
-* ``length``: no module in ``deq_jax/`` or ``launch/`` over 400 lines.
+* ``length``: no module in ``deq_jax/``, ``launch/``, ``experiments/`` or
+  ``benchmarks/`` over 400 lines.
 
 Run it with ``python -m pytest -q tests/test_layers.py``; ``check(root)`` returns the
 failures of any tree laid out like this repository.
@@ -34,8 +40,9 @@ from typing import NamedTuple
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGES = ("deq_jax", "launch", "configs")  # the trees checked
-LENGTH_CHECKED = ("deq_jax", "launch")
+PACKAGES = ("deq_jax", "launch", "configs", "experiments", "benchmarks")  # the trees checked
+STUDIES = ("experiments", "benchmarks")  # the top floor: studies, reports, timing tools
+LENGTH_CHECKED = ("deq_jax", "launch", *STUDIES)
 LAZY_CHECKED = ("deq_jax",)
 MAX_LINES = 400
 
@@ -54,6 +61,7 @@ RANKS = {
     "training": 8,
     "package face": 9,
     "command line": 10,
+    "studies": 11,
 }
 TASKS_MAY_IMPORT = ("ground", "solvers", "backward", "fixed_point")
 TASKS_IMPORTED_FROM = RANKS["models"]  # models and above may import tasks
@@ -132,6 +140,8 @@ def layer_of(module: str) -> str | None:
     top, _, rest = module.partition(".")
     if top in ("launch", "configs"):
         return "command line"
+    if top in STUDIES:
+        return "studies"
     if top != "deq_jax":
         return None
     if not rest:
@@ -150,7 +160,7 @@ def _layer_problem(source: str, target: str) -> str | None:
     for module, floor in ((source, high), (target, low)):
         if floor is None:
             return f"{module} is on no floor of DESIGN.md's layers"
-    if low == high or high == "package face":
+    if low == high or (high == "package face" and target.split(".")[0] == "deq_jax"):
         return None
     if high == "tasks":
         if low in TASKS_MAY_IMPORT:
@@ -214,11 +224,31 @@ def _cycles(edges: list[Import]) -> list[list[Import]]:
     return cycles
 
 
+def study_unit(module: str) -> str | None:
+    """The unit of the top floor a module belongs to: ``experiments.clrs.report`` ->
+    ``experiments.clrs`` (one study), ``benchmarks.step_cost`` -> ``benchmarks``;
+    ``None`` below the top floor."""
+    parts = module.split(".")
+    if parts[0] not in STUDIES:
+        return None
+    return ".".join(parts[:2]) if parts[0] == "experiments" else parts[0]
+
+
+def _unit_edges(edges: list[Import]) -> list[Import]:
+    """The import edges between different units of the top floor, as unit-to-unit edges."""
+    units = []
+    for edge in edges:
+        source, target = study_unit(edge.source), study_unit(edge.target)
+        if source and target and source != target:
+            units.append(edge._replace(source=source, target=target))
+    return units
+
+
 def check(root: pathlib.Path, packages=PACKAGES) -> list[str]:
     """Every failure of the four rules in the tree at ``root``, as ``path:line: rule: ...``."""
     edges = imports(root, packages)
     failures = []
-    for cycle in _cycles(edges):
+    for cycle in _cycles(edges) + _cycles(_unit_edges(edges)):
         hops = " -> ".join([cycle[0].source] + [f"{e.target} ({e.path}:{e.line})" for e in cycle])
         failures.append(f"{cycle[0].path}:{cycle[0].line}: cycle: {hops}")
     for edge in edges:
@@ -287,6 +317,17 @@ CLEAN = {
     "deq_jax/fixed_point.py": "from deq_jax.solvers.base import Solver\n",
     "launch/main.py": "import deq_jax as dj\n\ndef main():\n    from deq_jax import training\n",
     "configs/default.py": '"""Example::\n\n    from deq_jax.training import x\n"""\n',
+    "experiments/__init__.py": "",
+    "experiments/study/__init__.py": "",
+    "experiments/study/report.py": (
+        "import deq_jax as dj\nfrom configs import default\nfrom launch import main\n"
+        "from benchmarks import cost\nfrom experiments.study import plots\n"
+    ),
+    "experiments/study/plots.py": "import numpy\n",
+    "experiments/other/__init__.py": "",
+    "experiments/other/report.py": "from experiments.study import report\n",
+    "benchmarks/__init__.py": "",
+    "benchmarks/cost.py": "from deq_jax.nn import DEQ\nfrom launch import main\n",
 }
 
 
@@ -331,6 +372,32 @@ def test_checker_finds_an_upward_import(tmp_path, path, text, expected):
     assert expected in failures[0]
 
 
+@pytest.mark.parametrize(
+    "path, text",
+    [
+        ("launch/main.py", "from experiments.study import report\n"),
+        ("configs/default.py", "import benchmarks.cost\n"),
+        ("deq_jax/nn/deq.py", "from experiments import study\n"),
+        ("deq_jax/__init__.py", "from benchmarks import cost\n"),
+    ],
+)
+def test_checker_finds_an_import_of_a_study(tmp_path, path, text):
+    """deq_jax, launch and configs never import experiments or benchmarks."""
+    failures = _failures(tmp_path, dict(CLEAN, **{path: text}), "layer")
+    assert failures and all(f.startswith(f"{path}:1: layer: ") for f in failures), failures
+    assert "imports point down" in failures[0]
+
+
+def test_checker_finds_a_circle_between_studies(tmp_path):
+    """Two studies (or a study and the benchmarks) importing each other through different
+    modules: no module-level cycle, but a circle between the units."""
+    files = dict(CLEAN, **{"benchmarks/extra.py": "from experiments.other import report\n"})
+    (failure,) = _failures(tmp_path, files, "cycle")
+    assert failure.startswith("benchmarks/extra.py:1: cycle: benchmarks -> experiments.other ")
+    assert "experiments.study (experiments/other/report.py:1)" in failure
+    assert "benchmarks (experiments/study/report.py:4)" in failure
+
+
 def test_checker_finds_a_lazy_import(tmp_path):
     files = dict(CLEAN)
     files["deq_jax/nn/deq.py"] = (
@@ -345,6 +412,10 @@ def test_checker_finds_a_lazy_import(tmp_path):
 def test_checker_finds_a_long_module(tmp_path):
     files = dict(CLEAN)
     files["launch/long.py"] = "x = 1\n" * (MAX_LINES + 1)
+    files["experiments/study/long.py"] = "x = 1\n" * (MAX_LINES + 1)
     files["deq_jax/nn/just_right.py"] = "x = 1\n" * MAX_LINES
-    (failure,) = _failures(tmp_path, files, "length")
-    assert failure == "launch/long.py:401: length: 401 lines, over 400 (split the module)"
+    failures = sorted(_failures(tmp_path, files, "length"))
+    assert failures == [
+        "experiments/study/long.py:401: length: 401 lines, over 400 (split the module)",
+        "launch/long.py:401: length: 401 lines, over 400 (split the module)",
+    ]
