@@ -90,8 +90,9 @@ def test_modes_share_or_own_parameters():
     untied = init(tiny(mode="untied", n_layer=3))["params"]
     assert set(untied) == {"block_0", "block_1", "block_2", "inject", "io"}
     assert shapes(untied["block_2"]) == shapes(deq["params"]["cell"])
-    # the warm-up mode runs on the DEQ's parameters
-    out = tiny().apply(deq, tokens(), targets=tokens(1), train=True, mode="weight_tied")
+    # the warm-up mode runs on the DEQ's parameters: the same model in another mode
+    warmup = tiny().clone(mode="weight_tied")
+    out = warmup.apply(deq, tokens(), targets=tokens(1), train=True)
     np.testing.assert_array_equal(out.stats.nstep, [2, 2])
 
 
@@ -239,7 +240,7 @@ def test_implicit_gradient_matches_unrolled_to_convergence(x64):
     toks, targets = tokens(0), tokens(1)
 
     def loss(p, mode):
-        out = model.apply({"params": p}, toks, targets=targets, train=True, mode=mode)
+        out = model.clone(mode=mode).apply({"params": p}, toks, targets=targets, train=True)
         return out.nll.mean(), out.stats
 
     grad = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
@@ -384,7 +385,9 @@ def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="init_mems"):
         model.apply(variables, toks, mems=model.init_mems(B + 1), train=False)
     with pytest.raises(ValueError, match="mode"):
-        model.apply(variables, toks, train=False, mode="recurrent")
+        tiny(mode="recurrent")
+    with pytest.raises(TypeError, match="mode"):  # the mode is the field, not an argument
+        model.apply(variables, toks, train=False, mode="deq")
     with pytest.raises(ValueError, match="cutoffs"):
         tiny(cutoffs=(5, 5))
     with pytest.raises(ValueError, match="ln_placement"):

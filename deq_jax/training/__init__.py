@@ -1,7 +1,10 @@
 """Training: the optax loop, orbax checkpoints, data-parallel sharding and metrics.
 
-The entry point is `train_and_evaluate(config, workdir)`; ``launch/main.py`` turns
-command-line flags into the config. `evaluate_checkpoint` evaluates a saved run on any
+The entry point is `train_and_evaluate(config, workdir)`, the one training loop of
+every task family, the language model included (`deq_jax.training.family`: a family
+brings its set-up, its step and the carry between steps, its evaluator and its report;
+`TaskFamily` and `LanguageModelFamily`); ``launch/main.py`` turns command-line flags
+into the config. `evaluate_checkpoint` evaluates a saved run on any
 split and solver budget. The pieces are usable on their own: `TrainState`,
 `make_train_step` / `make_eval_step`, `make_optimizer`, `Checkpointer`, the sharding
 helpers and the metric writers.
@@ -13,11 +16,11 @@ Fitting a neural solver (`deq_jax.neural_solver`) to a trained DEQ lives here to
 and `NeuralSolverSpec` the pool and the config section, `train_neural_solver` the optax
 loop, and `AlternatingSolver` alternates DEQ and solver training.
 
-Language models (`deq_jax.models.language`) train through `train_language_model`
-(``lm_train``), which carries the segment memory from batch to batch: its steps
-(``lm_steps``), set-up and vocabulary check (``lm_setup``), streamed evaluation
-(``lm_evaluate``), sampling (``lm_generate``) and neural-solver fit (``lm_hypersolver``)
-sit beside it.
+Language models (`deq_jax.models.language`) train through the same loop with
+`LanguageModelFamily` (``lm_family``), which carries the segment memory from batch to
+batch: its steps (``lm_steps``), set-up and vocabulary check (``lm_setup``), streamed
+evaluation (``lm_evaluate``), sampling (``lm_generate``) and neural-solver fit
+(``lm_hypersolver``) sit beside it.
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -32,10 +35,12 @@ from deq_jax.training import build, sharding
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
 from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
+from deq_jax.training.family import Family, Phase
 from deq_jax.training.frozen_deq import FrozenDEQ, Targets
 from deq_jax.training.hypersolver import HyperSolverRun, load_hypersolver, train_hypersolver
 from deq_jax.training.interventions import PathIndependence
-from deq_jax.training.lm_train import LMRunResult, train_language_model
+from deq_jax.training.lm_family import LanguageModelFamily
+from deq_jax.training.lm_train import train_language_model
 from deq_jax.training.metrics import classification_loss, regression_loss
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
@@ -45,7 +50,8 @@ from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_tar
 from deq_jax.training.solver_train import TrainedNeuralSolver, train_neural_solver
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import make_eval_step, make_spectral_step, make_train_step
-from deq_jax.training.train import NonFiniteLossError, RunResult, train_and_evaluate
+from deq_jax.training.task_family import TaskFamily
+from deq_jax.training.train import NonFiniteLossError, RunResult, family_for, train_and_evaluate
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 
 __all__ = [
@@ -56,8 +62,10 @@ __all__ = [
     "FrozenDEQ",
     "HyperSolverRun",
     "JacobianRegularizer",
-    "LMRunResult",
+    "Family",
+    "LanguageModelFamily",
     "PathIndependence",
+    "Phase",
     "MetricWriter",
     "NeuralSolverSpec",
     "NonFiniteLossError",
@@ -66,6 +74,7 @@ __all__ = [
     "RunResult",
     "SettleRule",
     "SolverFit",
+    "TaskFamily",
     "Targets",
     "TrainedNeuralSolver",
     "TrainState",
@@ -74,6 +83,7 @@ __all__ = [
     "collect_targets",
     "create_train_state",
     "evaluate_checkpoint",
+    "family_for",
     "length_report",
     "load_hypersolver",
     "make_eval_step",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -195,10 +196,10 @@ def final_report(config, evaluator, state, splits, writer, emit, step: int) -> d
         for split, values in by_split.items():
             writer.write(step, f"{split}_{budget}", values)
     first = next(iter(next(iter(report.values())).values()))
-    keys = headline_keys(first) + ["nstep_mean"]
+    keys = headline_keys(first)
     emit(
-        "Per-length accuracy (budget = multiple of the train solver budget):\n"
-        + format_report(report, keys)
+        f"{report_title(splits, keys)} (budget = multiple of the train solver budget):\n"
+        + format_report(report, keys + ["nstep_mean"])
     )
     return report
 
@@ -214,9 +215,28 @@ def format_report(report: dict[str, dict[str, dict]], keys: Sequence[str]) -> st
     return "\n".join(lines)
 
 
+# Metrics worth printing besides the accuracies: a regression's error, a CLRS score and
+# a language model's bits per character or perplexity.
+HEADLINE = ("mse", "score", "bpc", "ppl")
+
+
 def headline_keys(metrics: dict[str, Any]) -> list[str]:
-    """The task-metric keys worth printing: accuracies, ``mse`` and ``score``."""
-    return [k for k in metrics if k.endswith("accuracy") or k in ("mse", "score")]
+    """The task-metric keys worth printing: accuracies and the `HEADLINE` metrics."""
+    return [k for k in metrics if k.endswith("accuracy") or k in HEADLINE]
+
+
+# A split named by its length (``test_16``): the report is then per length.
+_LENGTH_SPLIT = re.compile(r"_\d+$")
+
+
+def report_title(splits: Sequence[str], keys: Sequence[str]) -> str:
+    """The final report's title: per length when every split is named by its length
+    (``test_16``, ``test_32``), per split otherwise; accuracy when every headline
+    metric is one."""
+    what = "accuracy" if keys and all(k.endswith("accuracy") for k in keys) else "scores"
+    if splits and all(_LENGTH_SPLIT.search(s) for s in splits):
+        return f"Per-length {what}"
+    return f"{what.capitalize()} per split"
 
 
 def short_metrics(metrics: dict[str, Any]) -> str:

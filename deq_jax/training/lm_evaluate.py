@@ -29,9 +29,31 @@ from deq_jax.training.setup import restore_trained
 from deq_jax.training.state import TrainState
 
 
-def lm_device_batch(batch: dict[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+def check_token_ids(batch: dict[str, Any], vocab_size: int) -> None:
+    """Checks on the host that a batch's ``inputs`` and ``targets`` are ids of the
+    vocabulary (the model cannot: under ``jit`` an id out of range reads a clamped or
+    undefined row instead of failing).
+
+    Raises:
+      ValueError: naming the key, the ids' range and the vocabulary size.
+    """
+    for key in ("inputs", "targets"):
+        ids = np.asarray(batch[key])
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError(
+                f"The batch's {key} must lie in [0, vocab_size={vocab_size}); got ids in "
+                f"[{ids.min()}, {ids.max()}]. Is the data the run's vocabulary's?"
+            )
+
+
+def lm_device_batch(
+    batch: dict[str, Any], mesh: Mesh, vocab_size: int | None = None
+) -> dict[str, jax.Array]:
     """The global, sharded token arrays of this process's rows of ``batch`` (with its
-    ``"keep"`` flags, if it has them)."""
+    ``"keep"`` flags, if it has them), their ids checked against ``vocab_size``
+    (`check_token_ids`; ``None``: unchecked)."""
+    if vocab_size is not None:
+        check_token_ids(batch, vocab_size)
     keys = (*LM_KEYS, "keep") if "keep" in batch else LM_KEYS
     return sharding.shard_batch({k: batch[k] for k in keys}, mesh)
 
@@ -53,15 +75,14 @@ class StreamEvaluator:
         self.model, self.task, self.mesh = model, task, mesh
         self.batch_size, self.seq_len, self.max_batches = batch_size, seq_len, max_batches
         self._template = jax.tree_util.tree_map(np.asarray, model.init_mems(batch_size))
-        self._steps: dict[tuple[int | None, str | None], Callable[..., Any]] = {}
+        self._steps: dict[int | None, Callable[..., Any]] = {}
 
-    def _step(self, max_iter: int | None, mode: str | None):
-        key = (max_iter, mode)
-        if key not in self._steps:
-            self._steps[key] = make_lm_eval_step(
-                self.model, self.mesh, self._template, max_iter=max_iter, mode=mode
+    def _step(self, max_iter: int | None):
+        if max_iter not in self._steps:
+            self._steps[max_iter] = make_lm_eval_step(
+                self.model, self.mesh, self._template, max_iter=max_iter
             )
-        return self._steps[key]
+        return self._steps[max_iter]
 
     def evaluate(
         self,
@@ -69,7 +90,6 @@ class StreamEvaluator:
         split: str,
         *,
         max_iter: int | None = None,
-        mode: str | None = None,
         segments: bool = False,
         keep: np.ndarray | None = None,
     ) -> dict[str, Any]:
@@ -79,7 +99,6 @@ class StreamEvaluator:
           state: the train state to score.
           split: the split's name.
           max_iter: the solver budget (``None``: the model's eval budget).
-          mode: the model's mode for this call (``None``: its own).
           segments: also return ``segments``, one entry per batch of segments in stream
             order (`segment_record`), to see where the loss and the unconverged
             solves are.
@@ -94,7 +113,7 @@ class StreamEvaluator:
           ``tokens_per_second`` (wall time of the steps, the first compile excluded);
           with ``keep``, also ``kept_nll`` (nats per kept token) and ``kept_tokens``.
         """
-        step = self._step(max_iter, mode)
+        step = self._step(max_iter)
         mems = place_memory(self._template, self.mesh, self.batch_size)
         totals: dict[str, float] = {}
         records: list[dict[str, float]] = []
@@ -116,7 +135,8 @@ class StreamEvaluator:
             if self.max_batches and i >= self.max_batches:
                 break
             began = time.perf_counter()
-            mems, sums = step(state, mems, lm_device_batch(batch, self.mesh))
+            batch = lm_device_batch(batch, self.mesh, self.model.vocab_size)
+            mems, sums = step(state, mems, batch)
             sums = jax.device_get(sums)
             if segments:
                 records.append(segment_record(sums))

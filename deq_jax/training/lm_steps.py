@@ -2,7 +2,7 @@
 
 A language model here is `deq_jax.models.language.DEQTransformerLM` (or any linen module
 with its call): ``model.apply(variables, tokens [B, L], mems=..., targets=...,
-train=..., max_iter=..., mode=...) -> LMOutput`` with the per-token ``nll [B, L]``, the
+train=..., max_iter=...) -> LMOutput`` with the per-token ``nll [B, L]``, the
 next segment's memory ``mems`` and the DEQ's per-row `deq_jax.SolverStats`. The steps
 carry the memory from one segment to the next (Transformer-XL): each takes the memory of
 the previous segment and returns the new one, sharded along the batch axis like the
@@ -13,8 +13,8 @@ a fixed-point correction loss, ``mode="unrolled"``, the deq-lm recipe of TorchDE
 loss instead: the nll at several states of the unrolled trajectory, weighted by the
 model and ending with the last state's), plus the penalty terms of the Jacobian
 regulariser (`JacobianRegularizer`), which the DEQ evaluates at ``z*`` and sows per row.
-The weight-tied warm-up (locuslab's ``pretrain_steps``) is the same step built with
-``mode="weight_tied"``.
+The weight-tied warm-up (locuslab's ``pretrain_steps``) is the same step built on
+``model.clone(mode="weight_tied")``.
 
 References:
   Dai et al., "Transformer-XL: Attentive Language Models Beyond a Fixed-Length
@@ -46,7 +46,7 @@ from deq_jax.training.nonfinite import SKIPPED, apply_if_finite, finite_memory
 from deq_jax.training.optim import global_norm
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
-from deq_jax.training.steps import INTERMEDIATES, JACOBIAN_STREAM, RNG_STREAMS, net_terms
+from deq_jax.training.steps import INTERMEDIATES, JACOBIAN_STREAM, RNG_STREAMS, net_terms, step_key
 
 # What the device arrays of an LM batch are (the task's ``reset`` flag stays on the host).
 LM_KEYS = ("inputs", "targets", "mask")
@@ -95,7 +95,6 @@ def make_lm_train_step(
     mesh: Mesh,
     mem_template: Any,
     *,
-    mode: str | None = None,
     regularizer: JacobianRegularizer | None = None,
 ) -> Callable[..., tuple[TrainState, Any, dict[str, jax.Array]]]:
     """Builds ``train_step(state, mems, batch) -> (state, mems, metrics)``, jitted.
@@ -105,8 +104,6 @@ def make_lm_train_step(
       schedule: the learning-rate schedule, reported as ``learning_rate``.
       mesh: the data-parallel mesh.
       mem_template: a memory of the global batch (fixes the memory's shardings).
-      mode: the model's mode for this step (``"weight_tied"`` for the warm-up);
-        ``None`` keeps the model's own.
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         With ``jacobian_freq < 1`` or a ``jacobian_stop_step`` a `jax.lax.cond` on the
         step's draw (`JacobianRegularizer.draw`) runs the regularised or the plain
@@ -127,8 +124,9 @@ def make_lm_train_step(
     """
     reg = regularizer or JacobianRegularizer()
     jacobian = reg.jacobian_term()
-    solves = (mode or getattr(model, "mode", "deq")) == "deq"  # a DEQ solve in training
-    if jacobian is not None and (mode or getattr(model, "mode", "deq")) == "unrolled":
+    mode = getattr(model, "mode", "deq")
+    solves = mode == "deq"  # a DEQ solve in training
+    if jacobian is not None and mode == "unrolled":
         raise ValueError(
             "The Jacobian term is evaluated at the fixed point a training solve finds; "
             "mode='unrolled' trains without a solve (its correction loss plays that part). "
@@ -138,13 +136,11 @@ def make_lm_train_step(
         jacobian = None  # a stacked warm-up has no fixed point to regularise
     regularised = with_terms(model, (jacobian,)) if jacobian is not None else model
     terms = net_terms(regularised) if solves else ()
-    call_mode = {} if mode is None else {"mode": mode}
 
     def train_step(state: TrainState, mems: Any, batch: dict[str, jax.Array]):
         tokens, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
         rows = _row_mask(mask)
-        step_key = jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0x4A4143)
-        k_jacobian, k_draw = jax.random.split(step_key)
+        k_jacobian, k_draw = jax.random.split(step_key(state))
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
 
         def objective(params, probe, net):
@@ -157,7 +153,6 @@ def make_lm_train_step(
                 rngs=rngs,
                 mutable=[*state.model_state, INTERMEDIATES],
                 stats_probe=probe,
-                **call_mode,
             )
             new_model_state = dict(new_model_state)
             intermediates = new_model_state.pop(INTERMEDIATES, {})
@@ -216,7 +211,6 @@ def make_lm_eval_step(
     mem_template: Any,
     *,
     max_iter: int | None = None,
-    mode: str | None = None,
     donate: bool = True,
 ) -> Callable[..., tuple[Any, dict[str, jax.Array]]]:
     """Builds ``eval_step(state, mems, batch) -> (mems, sums)`` at the budget ``max_iter``
@@ -230,7 +224,6 @@ def make_lm_eval_step(
     argument is donated unless ``donate=False`` (to call the step again on it, as a
     benchmark does).
     """
-    call_mode = {} if mode is None else {"mode": mode}
 
     def eval_step(state: TrainState, mems: Any, batch: dict[str, jax.Array]):
         mask = batch["mask"]
@@ -241,7 +234,6 @@ def make_lm_eval_step(
             targets=batch["targets"],
             train=False,
             max_iter=max_iter,
-            **call_mode,
         )
         rows = _row_mask(mask)
         nstep = jnp.asarray(out.stats.nstep, jnp.float32)

@@ -35,6 +35,8 @@ class Run(NamedTuple):
       state: the train state, restored if the workdir had a checkpoint, replicated.
       start_step: the restored step (0 for a fresh run).
       checkpointer: the workdir's `Checkpointer`.
+      carry: what the training loop threads from step to step (``None`` for the
+        tasks; a language model's segment memory, restored with the state).
     """
 
     mesh: Mesh
@@ -44,6 +46,7 @@ class Run(NamedTuple):
     state: TrainState
     start_step: int
     checkpointer: Checkpointer
+    carry: Any = None
 
 
 def check_config(config: Any, workdir: str) -> None:

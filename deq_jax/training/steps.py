@@ -86,7 +86,7 @@ def _task_metrics(metrics_fn: TaskMetrics, outputs, targets, mask, extra) -> dic
     return {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
-def _step_key(state: TrainState) -> jax.Array:
+def step_key(state: TrainState) -> jax.Array:
     """The step's key for the Jacobian probes and the Bernoulli draw."""
     return jax.random.fold_in(jax.random.fold_in(state.rng, state.step), 0x4A4143)
 
@@ -99,7 +99,7 @@ def branches_are_slow(mesh: Mesh) -> bool:
     (jax-ml/jax#12868): the width-64 benchmark maze model's train step with the
     Jacobian term drawn on half the steps took 2.1 s under `jax.lax.cond` and 0.60 s
     computing the term every step (BUILD_NOTES "Solvers and gradients",
-    `launch.branch_cost`). Accelerators keep the conditional, which skips the term's
+    `benchmarks.branch_cost`). Accelerators keep the conditional, which skips the term's
     cost.
     """
     return mesh.devices.flat[0].platform == "cpu"
@@ -188,7 +188,7 @@ def make_train_step(
         inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
         extra = {k: batch[k] for k in extras}
         mutable = list(state.model_state)
-        k_jacobian, k_draw, k_budget = jax.random.split(_step_key(state), 3)
+        k_jacobian, k_draw, k_budget = jax.random.split(step_key(state), 3)
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
 
         def objective(params, probe, net, max_iter: int | None, gate: jax.Array | None):
@@ -296,7 +296,7 @@ def make_spectral_step(
     probe = with_terms(model, (SpectralRadius(iters=iters),))
 
     def spectral_step(state: TrainState, batch: dict[str, jax.Array]):
-        rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: _step_key(state)}
+        rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: step_key(state)}
         _, new_state = probe.apply(
             state.variables(state.params),  # the weights being trained, not their average
             batch["inputs"],

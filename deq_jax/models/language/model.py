@@ -10,8 +10,8 @@ q, k, v, and a feed-forward block) in one of four modes:
   u, "memory": Memory}``; everything of the `DEQSpec` (solver, backward mode, initial
   state, budgets, penalty terms) applies.
 * ``"weight_tied"``: the same cell, with the same parameters, applied ``n_layer``
-  times from ``z = 0`` (locuslab's pre-training steps; pass ``mode="weight_tied"`` to
-  the call to warm up a ``"deq"`` model).
+  times from ``z = 0`` (locuslab's pre-training steps: ``model.clone(mode=
+  "weight_tied")`` warms up a ``"deq"`` model on the same parameters).
 * ``"untied"``: ``n_layer`` blocks with their own parameters (a Transformer-XL).
 * ``"unrolled"``: in training, ``unroll_steps`` applications of the cell with plain
   backpropagation and the fixed-point correction loss of TorchDEQ: the nll read out at
@@ -109,8 +109,9 @@ class DEQTransformerLM(nn.Module):
       cutoffs: the adaptive clusters' boundaries (``()``: one cluster).
       div_val: the width ratio of successive clusters' embeddings.
       d_embed: the head cluster's embedding width (``None``: ``d_model``).
-      mode: ``"deq"``, ``"weight_tied"``, ``"untied"`` or ``"unrolled"`` (a call may
-        override it; ``"untied"`` has parameters of its own).
+      mode: ``"deq"``, ``"weight_tied"``, ``"untied"`` or ``"unrolled"`` (``"untied"``
+        has parameters of its own; ``model.clone(mode=...)`` runs the others on the
+        same parameters).
       n_layer: the depth of the explicit modes.
       unroll_steps: cell steps of mode ``"unrolled"`` in training.
       correction_states: states of the trajectory in the correction loss.
@@ -238,49 +239,8 @@ class DEQTransformerLM(nn.Module):
         count = jnp.minimum(memory.count + z.shape[1], m).astype(jnp.int32)
         return Memory(keep(memory.z, z), keep(memory.injection, u), count)
 
-    @nn.compact
-    def __call__(
-        self,
-        tokens: jax.Array,
-        *,
-        train: bool,
-        mems: Memory | None = None,
-        targets: jax.Array | None = None,
-        max_iter: int | None = None,
-        mode: str | None = None,
-        z0: jax.Array | None = None,
-        stats_probe: jax.Array | None = None,
-    ) -> LMOutput:
-        """Runs one segment ``tokens [B, L]`` (see `LMOutput`).
-
-        Args:
-          tokens: int ``[B, L]``.
-          train: training mode (dropout with the ``"dropout"`` rng, ``train_max_iter``,
-            mode ``"unrolled"`` unrolls).
-          mems: the previous segment's `Memory` (``None``: an empty one).
-          targets: int ``[B, L]``; with them the output has ``nll``, without them
-            ``log_probs``.
-          max_iter: the DEQ's budget for this call (ignored by the explicit modes).
-          mode: overrides the ``mode`` field for this call (same parameters, except
-            ``"untied"``).
-          z0: the initial state ``[B, L, d_model]`` (``None``: the spec's ``z_init``
-            for the DEQ, zeros for the explicit modes).
-          stats_probe: the backward-statistics probe handed to the `DEQ` (the
-            explicit modes leave it without gradient).
-
-        Raises:
-          ValueError: for non-integer or (where concrete) out-of-range ids, targets
-            not shaped like tokens, a ``mems`` not shaped like ``init_mems(B)``, an
-            unknown mode, or a ``z0`` not ``[B, L, d_model]``.
-        """
-        mode = self.mode if mode is None else mode
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
-        memory = self._check(tokens, targets, mems)
-        b, q_len = tokens.shape
-        if z0 is not None and jnp.shape(z0) != (b, q_len, self.d_model):
-            raise ValueError(f"z0 must be [B, L, d_model] = {(b, q_len, self.d_model)}.")
-        io = AdaptiveIO(
+    def _io(self) -> AdaptiveIO:
+        return AdaptiveIO(
             self.vocab_size,
             self.d_model,
             self.cutoffs,
@@ -290,32 +250,79 @@ class DEQTransformerLM(nn.Module):
             self.dtype,
             name="io",
         )
-        drop = lambda rate, name: VariationalDropout(
-            rate, broadcast_dims=(1,), deterministic=not train, name=name
-        )
-        emb = drop(self.dropouti, "drop_in")(io.embed(tokens))  # [B, L, d]
+
+    def _drop(self, rate: float, name: str, train: bool) -> VariationalDropout:
+        """Variational dropout with one mask per row and feature."""
+        return VariationalDropout(rate, broadcast_dims=(1,), deterministic=not train, name=name)
+
+    def _solve(self, x: dict, z0, targets, train: bool, max_iter, stats_probe):
+        """The state ``z [B, L, d_model]`` of the ``mode``, its stats and (mode
+        ``"unrolled"`` in training, with targets) the correction states."""
+        mode = self.mode
+        if mode == "deq" or (mode == "unrolled" and not train):
+            deq = DEQ(self._cell("cell"), spec=self.deq, name="deq")
+            z, stats = deq(x, z0, train=train, max_iter=max_iter, stats_probe=stats_probe)
+            return z, stats, None
+        b, q_len = x["injection"].shape[:2]
+        start = jnp.zeros((b, q_len, self.d_model), self.dtype) if z0 is None else z0
+        key = self.make_rng("dropout") if train and self.has_rng("dropout") else None
+        if mode == "untied":
+            cells = [self._cell(f"block_{i}") for i in range(self.n_layer)]
+            z, stats = run_untied(self, cells, x, start, key)
+            return z, stats, None
+        steps = self.n_layer if mode == "weight_tied" else self.unroll_steps
+        keep = ()
+        if mode == "unrolled" and targets is not None:
+            keep = correction_steps(steps, self.correction_states)
+        return run_tied(self, self._cell("cell"), steps, x, start, key, keep)
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens: jax.Array,
+        *,
+        train: bool,
+        mems: Memory | None = None,
+        targets: jax.Array | None = None,
+        max_iter: int | None = None,
+        z0: jax.Array | None = None,
+        stats_probe: jax.Array | None = None,
+    ) -> LMOutput:
+        """Runs one segment ``tokens [B, L]`` in the model's ``mode`` (see `LMOutput`).
+
+        Args:
+          tokens: int ``[B, L]``.
+          train: training mode (dropout with the ``"dropout"`` rng, ``train_max_iter``,
+            mode ``"unrolled"`` unrolls).
+          mems: the previous segment's `Memory` (``None``: an empty one).
+          targets: int ``[B, L]``; with them the output has ``nll``, without them
+            ``log_probs``.
+          max_iter: the DEQ's budget for this call (ignored by the explicit modes).
+          z0: the initial state ``[B, L, d_model]`` (``None``: the spec's ``z_init``
+            for the DEQ, zeros for the explicit modes).
+          stats_probe: the backward-statistics probe handed to the `DEQ` (the
+            explicit modes leave it without gradient).
+
+        Raises:
+          ValueError: for non-integer or (called outside ``jit``) out-of-range ids,
+            targets not shaped like tokens, a ``mems`` not shaped like
+            ``init_mems(B)``, or a ``z0`` not ``[B, L, d_model]``. Under ``jit`` the
+            ids are the caller's to check (the training loop checks every batch on the
+            host: `deq_jax.training.lm_evaluate.check_token_ids`).
+        """
+        memory = self._check(tokens, targets, mems)
+        b, q_len = tokens.shape
+        if z0 is not None and jnp.shape(z0) != (b, q_len, self.d_model):
+            raise ValueError(f"z0 must be [B, L, d_model] = {(b, q_len, self.d_model)}.")
+        io = self._io()
+        emb = self._drop(self.dropouti, "drop_in", train)(io.embed(tokens))  # [B, L, d]
         u = nn.Dense(self.injection_width, param_dtype=self.dtype, dtype=self.dtype, name="inject")(
             emb
         )  # [B, L, 3HD]
         x = {"injection": u, "memory": memory}
-        states = None
-        if mode == "deq" or (mode == "unrolled" and not train):
-            deq = DEQ(self._cell("cell"), spec=self.deq, name="deq")
-            z, stats = deq(x, z0, train=train, max_iter=max_iter, stats_probe=stats_probe)
-        else:
-            start = jnp.zeros((b, q_len, self.d_model), self.dtype) if z0 is None else z0
-            key = self.make_rng("dropout") if train and self.has_rng("dropout") else None
-            if mode == "untied":
-                cells = [self._cell(f"block_{i}") for i in range(self.n_layer)]
-                z, stats = run_untied(self, cells, x, start, key)
-            else:
-                steps = self.n_layer if mode == "weight_tied" else self.unroll_steps
-                keep = ()
-                if mode == "unrolled" and targets is not None:
-                    keep = correction_steps(steps, self.correction_states)
-                z, stats, states = run_tied(self, self._cell("cell"), steps, x, start, key, keep)
+        z, stats, states = self._solve(x, z0, targets, train, max_iter, stats_probe)
         # one output-dropout mask for the final and the correction states
-        out_mask = drop(self.dropout, "drop_out")(jnp.ones_like(z))  # [B, L, d]
+        out_mask = self._drop(self.dropout, "drop_out", train)(jnp.ones_like(z))  # [B, L, d]
         nll = log_probs = correction = None
         if targets is not None:
             nll = io.nll(z * out_mask, targets)  # [B, L]
