@@ -46,7 +46,7 @@ evaluation on, so the first checkpoint wins the tie), and weight averaging
 (``train.ema_decay=0.999``: evaluation and selection use the moving average of the
 weights, and each periodic evaluation also logs the raw weights as ``valid_raw``;
 on the CPU at width 32 the average beat the raw weights at 22 of 24 evaluations,
-BUILD_NOTES.md "Mazes"). ``launch/device/mazes_benchmark.sh`` trains three seeds of
+BUILD_NOTES.md "Mazes"). ``experiments/gpu/mazes_benchmark.sh`` trains three seeds of
 ``benchmark,gpu`` (with the Jacobian penalty) side by side in a wall-clock budget and
 prints their seed report.
 

@@ -141,7 +141,7 @@ SPLITS_FLAG = "splits"
 
 def define_splits_flag() -> None:
     """Defines ``--splits`` once: the per-split tools on a trained run
-    (`launch.clrs_diagnose`, `launch.clrs_steps`) share it, and both may be imported
+    (`experiments.clrs.diagnose`, `experiments.clrs.steps`) share it, and both may be imported
     into one process."""
     if SPLITS_FLAG not in flags.FLAGS:
         flags.DEFINE_list(SPLITS_FLAG, [], "Splits to analyse (default: every eval split).")
