@@ -1,8 +1,8 @@
 """Training interventions that promote path independence, as a config section.
 
-`PathIndependence` is built from ``config.path_independence`` (see
-``configs/default.py``) and read by the train step. Two of the interventions of Anil et
-al. live here; the others are choices made elsewhere in the config:
+`PathIndependence` is built from ``config.path_independence`` and read by the train
+step. Two of the interventions of Anil et al. live here; the others are choices made
+elsewhere in the config:
 
 * Randomised forward budget: each training step solves with a budget drawn uniformly
   from ``budget_choices`` evenly spaced integers in ``[budget_min, budget_max]``
@@ -41,6 +41,9 @@ from deq_jax.regularizers.terms import Alignment, Term
 @dataclasses.dataclass(frozen=True)
 class PathIndependence:
     """What the train step needs to know about the path-independence interventions.
+
+    Its field defaults are the one home of the ``config.path_independence`` defaults:
+    ``configs/default.py`` builds that section from them.
 
     Attributes:
       budget_min: the smallest training solver budget of the randomised forward budget.

@@ -1,9 +1,9 @@
 """The Jacobian regulariser as a training option: weight schedule, frequency, probes.
 
-`JacobianRegularizer` is built from ``config.regularizer`` (see ``configs/default.py``)
-and turned by the train step into penalty terms handed to the DEQ
-(`deq_jax.regularizers.terms`): at step ``t`` it adds ``gamma_t * mean_b term_b`` to the
-loss, where ``term_b`` is the Hutchinson estimate of ``||J_f(z*_b)||_F^2 / d`` that the
+`JacobianRegularizer` is built from ``config.regularizer`` and turned by the train step
+into penalty terms handed to the DEQ (`deq_jax.regularizers.terms`): at step ``t`` it
+adds ``gamma_t * mean_b term_b`` to the loss, where ``term_b`` is the Hutchinson
+estimate of ``||J_f(z*_b)||_F^2 / d`` that the
 `deq_jax.nn.DEQ` sows with ``jacobian_samples`` probes, ``gamma_t`` ramps linearly from
 ``jacobian_weight_start`` to ``jacobian_weight`` over ``jacobian_weight_steps`` steps,
 and the term is computed only on steps where a Bernoulli(``jacobian_freq``) draw says so
@@ -42,6 +42,9 @@ from deq_jax.regularizers.terms import JacobianTerm, SpectralHinge, Term
 @dataclasses.dataclass(frozen=True)
 class JacobianRegularizer:
     """What the train step needs to know about the Jacobian regulariser.
+
+    Its field defaults are the one home of the ``config.regularizer`` defaults:
+    ``configs/default.py`` builds that section from them.
 
     Attributes:
       jacobian_weight: ``gamma`` after the ramp (0 and a zero start: off).

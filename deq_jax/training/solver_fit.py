@@ -43,7 +43,11 @@ from deq_jax.training.solver_train import train_neural_solver
 
 @dataclasses.dataclass(frozen=True)
 class NeuralSolverSpec:
-    """The ``neural_solver`` config section (see ``configs/default.py``).
+    """The ``neural_solver`` config section and the budgets of ``deq.neural_solver``.
+
+    Its field defaults are the one home of those sections' defaults: ``configs/default.py``
+    builds ``neural_solver`` from the fields and ``deq.neural_solver`` from the
+    `BUDGET_FIELDS` (every budget of a run lives in ``config.deq``).
 
     Attributes:
       deq_workdir: the trained DEQ's workdir; non-empty makes ``launch.main`` train a
