@@ -56,7 +56,19 @@ _ON_FIRST_USE = ("training",)
 
 
 def __getattr__(name: str):
-    """PEP 562: imports `deq_jax.training` when ``deq_jax.training`` is first read."""
-    if name in _ON_FIRST_USE:
+    """PEP 562: imports `deq_jax.training` when ``deq_jax.training`` is first read.
+
+    Raises:
+      ModuleNotFoundError: naming the ``[train]`` extra, when a package it brings is
+        missing.
+      AttributeError: for any other name.
+    """
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
         return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] == __name__:
+            raise
+        hint = f"deq_jax.{name} needs {error.name!r}: pip install 'deq_jax[train]'"
+        raise ModuleNotFoundError(hint, name=error.name) from error

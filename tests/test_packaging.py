@@ -3,7 +3,9 @@
 * ``import deq_jax`` (in a fresh interpreter) imports no training, data-pipeline or
   plotting package: none that ``import jax, flax.linen, optax, numpy`` does not import
   itself (absl comes with optax and flax), and never tfds, orbax, matplotlib, ...;
-* `deq_jax.training` is imported on first use, as ``dj.training``;
+* `deq_jax.training` is imported on first use, as ``dj.training``, and the tasks
+  stored through tfds on their first `deq_jax.tasks.get`; without the ``[train]``
+  extra both say which extra to install, while the generated tasks still work;
 * ``setup.cfg`` selects the ``deq_jax`` packages only and asks for jax, flax, optax and
   numpy, the training, data and plotting packages coming with the ``[train]`` extra;
 * a wheel built from the repository holds ``deq_jax`` as its only top-level package.
@@ -93,6 +95,24 @@ def test_training_is_imported_on_first_use():
         "assert 'deq_jax.training' not in sys.modules\n"
         "assert callable(dj.training.train_and_evaluate)\n"
         "assert 'deq_jax.training' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_a_missing_train_package_names_the_extra():
+    # ``None`` in ``sys.modules`` makes importing that package fail as if not installed.
+    code = (
+        "import sys\n"
+        "sys.modules['tensorboardX'] = sys.modules['tensorflow_datasets'] = None\n"
+        "import deq_jax as dj\n"
+        "assert dj.tasks.get('mazes', train_size=8).name == 'mazes'\n"
+        "for use in (lambda: dj.training, lambda: dj.tasks.get('prefix_sum')):\n"
+        "    try:\n"
+        "        use()\n"
+        "    except ModuleNotFoundError as error:\n"
+        "        assert \"pip install 'deq_jax[train]'\" in str(error), error\n"
+        "    else:\n"
+        "        raise AssertionError('no ModuleNotFoundError')\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

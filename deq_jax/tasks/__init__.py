@@ -92,6 +92,17 @@ _TFDS_TASKS = {
 }
 
 
+def _import_loader(module: str):
+    """Imports ``deq_jax.tasks.<module>``; a missing package names the extra to install."""
+    try:
+        return importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] == "deq_jax":
+            raise
+        hint = f"{__name__}.{module} needs {error.name!r}: pip install 'deq_jax[train]'"
+        raise ModuleNotFoundError(hint, name=error.name) from error
+
+
 def names() -> list[str]:
     """The task names `get` accepts, sorted (registered and tfds-backed alike)."""
     return sorted({*_REGISTRY.names(), *_TFDS_TASKS})
@@ -103,10 +114,11 @@ def get(name: str, **kwargs):
     Raises:
       ValueError: for an unknown name (the message lists the valid ones) or a keyword
         the task does not take (the message lists those it takes).
+      ModuleNotFoundError: naming the ``[train]`` extra, for a tfds-backed task when
+        tensorflow-datasets (or another package of the extra) is not installed.
     """
     if name not in _REGISTRY and name in _TFDS_TASKS:
-        module = importlib.import_module(f"{__name__}.{_TFDS_TASKS[name]}")
-        register(name, getattr(module, name))
+        register(name, getattr(_import_loader(_TFDS_TASKS[name]), name))
     if name not in _REGISTRY:
         raise ValueError(f"Unknown task {name!r}. Valid tasks: {', '.join(names())}.")
     return _REGISTRY.get(name, **kwargs)
