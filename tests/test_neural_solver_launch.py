@@ -1,6 +1,7 @@
 """The neural solver on trained task models: LearnedInit in the DEQ, the least-squares
 alpha ablation, FrozenDEQ targets, the hypersolver run, solver_pareto, alternating mode."""
 
+import dataclasses
 import json
 import os
 
@@ -11,17 +12,25 @@ import numpy as np
 import pytest
 
 import deq_jax as dj
-from configs import digits, digits_hypersolver, mazes_hypersolver, prefix_sum_hypersolver
+from configs import (
+    digits,
+    digits_hypersolver,
+    lm_shakespeare_hypersolver,
+    mazes_hypersolver,
+    prefix_sum_hypersolver,
+)
 from deq_jax.neural_solver import hyper_anderson_init, hyper_anderson_step, init_neural_solver
 from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
 from deq_jax.neural_solver.loss import neural_solver_loss
-from deq_jax.solvers.anderson import anderson_weights
+from deq_jax.solvers.anderson import anderson, anderson_weights
 from deq_jax.training import train_and_evaluate
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.frozen_deq import FrozenDEQ, initializer_kind
-from deq_jax.training.hypersolver import load_hypersolver, train_hypersolver
+from deq_jax.training.hypersolver import TASKS, load_hypersolver, solver_family, train_hypersolver
+from deq_jax.training.lm_hypersolver import LANGUAGE
 from deq_jax.training.setup import setup
-from deq_jax.training.solver_fit import NeuralSolverSpec
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit
+from deq_jax.training.solver_run import compare
 
 
 def _affine(d=6, seed=0):
@@ -229,8 +238,45 @@ def test_hypersolver_without_checkpoint_says_what_to_do(tmp_path):
         train_hypersolver(config, str(tmp_path / "solver"), emit=lambda line: None)
 
 
+def test_one_entry_point_fits_every_family(tmp_path):
+    assert solver_family(prefix_sum_hypersolver.get_config("smoke")) is TASKS
+    assert solver_family(digits_hypersolver.get_config("smoke")) is TASKS
+    config = lm_shakespeare_hypersolver.get_config("smoke")
+    assert solver_family(config) is LANGUAGE and LANGUAGE.twice_unroll
+    config.neural_solver.deq_workdir = ""
+    with pytest.raises(ValueError, match="workdir of a trained language model"):
+        train_hypersolver(config, str(tmp_path / "solver"), emit=lambda line: None)
+
+
+class _Frozen:
+    """A stand-in `FrozenDEQ`: a model is the (solver, z_init) pair it would run."""
+
+    def with_solver(self, solver, z_init="keep"):
+        return solver, z_init
+
+
+def test_compare_scores_each_solver_at_its_budget():
+    spec = NeuralSolverSpec(tol=1e-2, max_iter=7, unroll_steps=3)
+    fitted = SolverFit(solver="fitted", init=None, losses=np.zeros(1), seconds=0.0)
+    scored = []
+
+    def score(config, run, model, max_iter):
+        scored.append((model, max_iter))
+        return {"nstep_mean": np.float32(max_iter), "splits": {"test": jnp.ones(())}}
+
+    family = dataclasses.replace(TASKS, score=score)
+    out = compare(family, None, None, _Frozen(), fitted, spec)
+    assert list(out) == ["anderson", "neural"]
+    assert out["neural"] == {"nstep_mean": 7.0, "splits": {"test": 1.0}}
+    assert type(out["neural"]["nstep_mean"]) is float  # JSON-ready
+    assert scored == [((anderson(tol=1e-2, max_iter=7), "keep"), 7), (("fitted", "keep"), 7)]
+    family = dataclasses.replace(family, twice_unroll=True)
+    out = compare(family, None, None, _Frozen(), fitted, spec)
+    assert out["neural_2K"]["nstep_mean"] == 6.0 and scored[-1] == (("fitted", "keep"), 6)
+
+
 def test_solver_pareto_writes_curves_and_summary(hypersolver_run):
-    from launch.solver_pareto import run_pareto
+    from experiments.neural_solver.pareto import run_pareto
 
     config, workdir, _ = hypersolver_run
     report = run_pareto(

@@ -12,7 +12,8 @@ References:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -105,6 +106,68 @@ def train_neural_solver(
     params = {"solver": solver.variables, "init": init_params}
     opt_state = optimizer.init(params)
 
+    update = _make_update(solver, initializer, f, optimizer, steps=steps, l1=l1, l2=l2)
+    schedule = _Schedule(num_steps, l3, detached_steps, on_step, log_every)
+    params, losses = _optimise(update, params, opt_state, itertools.chain([first], it), schedule)
+    return TrainedNeuralSolver(
+        solver=solver.with_params(params["solver"]),
+        init_params=params["init"],
+        losses=losses,
+    )
+
+
+class _Schedule(NamedTuple):
+    """How `_optimise` runs: steps, the decaying ``l3``, the detached steps, the logging."""
+
+    num_steps: int
+    l3: float
+    detached_steps: int
+    on_step: Callable[[int, float], None] | None
+    log_every: int
+
+
+def _optimise(
+    update: Callable[..., tuple[Any, Any, jax.Array]],
+    params: Any,
+    opt_state: Any,
+    batches: Iterator[tuple[Any, Any, Any]],
+    schedule: _Schedule,
+) -> tuple[Any, np.ndarray]:
+    """Runs ``schedule.num_steps`` of ``update`` on ``batches``; returns the parameters and
+    the loss per step (host array).
+
+    Raises:
+      ValueError: if ``batches`` runs out first.
+    """
+    num_steps, log_every, on_step = schedule.num_steps, schedule.log_every, schedule.on_step
+    losses = []
+    for step in range(num_steps):
+        batch = next(batches, None)
+        if batch is None:
+            raise ValueError(f"batches ran out after {step} of {num_steps} steps.")
+        l3_now = linear_decay(schedule.l3, step, num_steps)
+        detached = step < schedule.detached_steps
+        params, opt_state, loss = update(params, opt_state, batch, l3_now, not detached)
+        losses.append(loss)
+        done = step + 1
+        if on_step is not None and (done == num_steps or (log_every and done % log_every == 0)):
+            on_step(done, float(loss))
+    return params, np.asarray(jax.device_get(losses))
+
+
+def _make_update(
+    solver: neural_solver,
+    initializer: nn.Module | None,
+    f: Callable[[Any, Any], Any],
+    optimizer: optax.GradientTransformation,
+    *,
+    steps: int,
+    l1: float,
+    l2: float,
+) -> Callable[..., tuple[Any, Any, jax.Array]]:
+    """The jitted optimisation step ``update(params, opt_state, batch, l3, cell_gradient)
+    -> (params, opt_state, loss)`` on `neural_solver_loss` (``cell_gradient`` static)."""
+
     @functools.partial(jax.jit, static_argnums=4)
     def update(params, opt_state, batch, l3_now, cell_gradient):
         args, x, z_star = batch
@@ -126,21 +189,4 @@ def train_neural_solver(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    losses = []
-    batch = first
-    for step in range(num_steps):
-        if step > 0:
-            batch = next(it, None)
-            if batch is None:
-                raise ValueError(f"batches ran out after {step} of {num_steps} steps.")
-        l3_now = linear_decay(l3, step, num_steps)
-        params, opt_state, loss = update(params, opt_state, batch, l3_now, step >= detached_steps)
-        losses.append(loss)
-        done = step + 1
-        if on_step is not None and (done == num_steps or (log_every and done % log_every == 0)):
-            on_step(done, float(loss))
-    return TrainedNeuralSolver(
-        solver=solver.with_params(params["solver"]),
-        init_params=params["init"],
-        losses=np.asarray(jax.device_get(losses)),
-    )
+    return update
