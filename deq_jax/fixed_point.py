@@ -22,7 +22,9 @@ def _check_output(f: Callable[..., Any], z0: Any, args: Any) -> None:
     if not _flat.same_specs(out, z0):
         raise ValueError(
             "f(z, args) must return a pytree with the structure, shapes and dtypes of z0; "
-            f"z0 is {_flat.describe(z0)} but f(z0, args) is {_flat.describe(out)}."
+            f"z0 is {_flat.describe(z0)} but f(z0, args) is {_flat.describe(out)}. (In a "
+            "deq_jax.nn.DEQ, f is the cell and z0 its state: give the cell a state_spec(x) "
+            "method (see deq_jax.nn.state_like) or pass z0 explicitly.)"
         )
 
 

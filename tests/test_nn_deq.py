@@ -178,6 +178,76 @@ def test_nan_input_diverges_only_its_sample():
     assert bool(jnp.all(jnp.isfinite(z)))
 
 
+_STATE_SPEC_CALLS = []
+
+
+class _CountedCell(MLPCell):
+    """An `MLPCell` that counts the calls of its ``state_spec``."""
+
+    def state_spec(self, x):
+        _STATE_SPEC_CALLS.append(x.shape)
+        return super().state_spec(x)
+
+
+def test_a_call_builds_its_initial_state_and_checks_the_cell_once(monkeypatch):
+    # One call: the state's spec is read once (to draw z0, or to check an explicit z0)
+    # and the cell's output is checked once (one abstract evaluation, by fixed_point).
+    x = _x()
+    model = DEQ(_CountedCell(features=6), z_init="normal")
+    variables = model.init(jax.random.key(0), x, train=False)
+    shape_checks = []  # abstract evaluations of the cell as DEQ's pure function f
+    eval_shape = jax.eval_shape
+
+    def counted(f, *args, **kwargs):
+        if getattr(f, "__qualname__", "").startswith("DEQ."):
+            shape_checks.append(f.__qualname__)
+        return eval_shape(f, *args, **kwargs)
+
+    monkeypatch.setattr(jax, "eval_shape", counted)
+    _STATE_SPEC_CALLS.clear()
+    model.apply(variables, x, train=False, rngs={"z0": jax.random.key(1)})
+    assert _STATE_SPEC_CALLS == [x.shape] and len(shape_checks) == 1
+    _STATE_SPEC_CALLS.clear()
+    model.apply(variables, x, jnp.zeros((4, 6)), train=True)
+    assert _STATE_SPEC_CALLS == [x.shape] and len(shape_checks) == 2
+
+
+@pytest.mark.parametrize(
+    "train, max_iter, budget", [(True, None, 3), (False, None, 7), (False, 2, 2)]
+)
+def test_a_call_solves_the_problem_it_states(train, max_iter, budget):
+    # DEQ.problem's solver, with the spec's budget, is what the call runs: the same
+    # budget, and fixed_point on the problem's pieces gives the call's output bit for bit.
+    x = _x()
+    never = dj.solvers.fixed_point_iteration(tol=1e-30, max_iter=50, stop_mode="abs")
+    model = DEQ(MLPCell(features=8), solver=never, train_max_iter=3, eval_max_iter=7)
+    variables = model.init(jax.random.key(0), x, train=False)
+    kwargs = dict(train=train, max_iter=max_iter)
+    problem = model.apply(variables, x, method=DEQ.problem, **kwargs)
+    assert problem.solver == never.replace(max_iter=budget) == model.solver_for(train, max_iter)
+    z, stats = model.apply(variables, x, **kwargs)
+    assert stats.trace.shape == (4, budget) and bool(jnp.all(stats.nstep == budget))
+    sol = dj.fixed_point(problem.f, problem.z0, problem.args, solver=problem.solver)
+    np.testing.assert_array_equal(z, sol.value)
+    np.testing.assert_array_equal(stats.nstep, sol.stats.nstep)
+
+
+class _CappedDEQ(DEQ):
+    """A `DEQ` whose solves stop after 5 evaluations, whatever its spec says."""
+
+    def solver_for(self, train, max_iter=None):
+        return super().solver_for(train, max_iter).replace(max_iter=5)
+
+
+def test_the_solver_for_a_call_is_the_one_it_runs():
+    x = _x()
+    never = dj.solvers.fixed_point_iteration(tol=1e-30, max_iter=50, stop_mode="abs")
+    model = _CappedDEQ(MLPCell(features=8), solver=never, eval_max_iter=9)
+    variables = model.init(jax.random.key(0), x, train=False)
+    _, stats = model.apply(variables, x, train=False)
+    assert stats.trace.shape == (4, 5) and bool(jnp.all(stats.nstep == 5))
+
+
 class _WrongShapeCell(nn.Module):
     @nn.compact
     def __call__(self, z, x):
@@ -186,7 +256,7 @@ class _WrongShapeCell(nn.Module):
 
 def test_wrong_cell_output_is_a_value_error():
     x = _x()
-    with pytest.raises(ValueError, match=r"cell\(z, x\) must return"):
+    with pytest.raises(ValueError, match=r"must return a pytree.*f is the cell"):
         DEQ(_WrongShapeCell()).init(jax.random.key(0), x, train=False)
 
 

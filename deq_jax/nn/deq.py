@@ -44,16 +44,6 @@ class EquilibriumProblem(NamedTuple):
     solver: Solver
 
 
-def _check_cell_output(f, z0: Any, args: Any) -> None:
-    out = jax.eval_shape(f, z0, args)
-    if not _flat.same_specs(out, z0):
-        raise ValueError(
-            "cell(z, x) must return a state with the structure, shapes and dtypes of z; z is "
-            f"{_flat.describe(z0)} but cell(z, x) is {_flat.describe(out)}. Give the cell a "
-            "state_spec(x) method (see deq_jax.nn.state_like) or pass z0 explicitly."
-        )
-
-
 _SHORTHANDS = ("solver", "backward", "z_init", "train_max_iter", "eval_max_iter", "terms")
 
 
@@ -84,7 +74,9 @@ class DEQ(nn.Module):
 
     Budgets. A call solves with ``spec.train_max_iter`` or ``spec.eval_max_iter``
     (whichever matches ``train``; ``None`` keeps the solver's ``max_iter``), or with the
-    ``max_iter`` call argument above both (for sweeping the test-time budget).
+    ``max_iter`` call argument above both (for sweeping the test-time budget). The
+    spec decides it in one place (`DEQSpec.solver_for`): the solver of `problem`, with
+    that budget, is the one the call runs.
 
     Attributes:
       cell: a linen module, ``cell(z, x) -> z``, deterministic given ``z``, ``x`` and
@@ -187,21 +179,14 @@ class DEQ(nn.Module):
         z0 = self.initial_state(x, z0)
         if self.is_initializing() or (train and self.is_mutable_collection("batch_stats")):
             self.cell(z0, x)  # creates the variables / updates stats once per forward
-        problem = self.problem(x, z0, train=train, max_iter=max_iter)
-        f, args, solver = problem.f, problem.args, problem.solver
-        sol = fixed_point(
-            f,
-            problem.z0,
-            args,
-            solver=self.spec.solver,
-            backward=self.spec.backward,
-            max_iter=self.spec.budget(train, max_iter),
-            stats_probe=stats_probe,
+        f, z0, args, solver = self._problem(x, z0, train, max_iter)
+        # the solver carries the call's budget; fixed_point checks the cell's output
+        solve = lambda start, probe=None: fixed_point(
+            f, start, args, solver=solver, backward=self.spec.backward, stats_probe=probe
         )
+        sol = solve(z0, stats_probe)
         if self.spec.terms:
-            resolve = lambda start: (
-                fixed_point(f, start, args, solver=solver, backward=self.spec.backward).value
-            )
+            resolve = lambda start: solve(start).value
             sow_terms(self, self.spec.terms, f, sol.value, args, resolve)
         return sol.value, sol.stats
 
@@ -243,11 +228,20 @@ class DEQ(nn.Module):
           An `EquilibriumProblem` ``(f, z0, args, solver)``: ``f(z, args) -> z`` is a
           pure function (the cell applied to its variables, ``args = (cell variables,
           x, dropout key)``), so ``deq_jax.fixed_point(f, z0, args, solver=solver)``
-          reproduces the forward solve, and the analysis tools (`deq_jax.analysis`)
-          can re-solve it from other starts. No variable is created or updated.
+          reproduces the forward solve (the call solves exactly this problem: its
+          solver carries the call's budget), and the analysis tools
+          (`deq_jax.analysis`) can re-solve it from other starts. No variable is
+          created or updated.
+
+        Raises:
+          ValueError: as `initial_state`. (The cell's output is checked against the
+          state by `deq_jax.fixed_point` when the problem is solved.)
         """
+        return self._problem(x, self.initial_state(x, z0), train, max_iter)
+
+    def _problem(self, x: Any, z0: Any, train: bool, max_iter: int | None) -> EquilibriumProblem:
+        """`problem` from an initial state already built (`initial_state`)."""
         solver = self.solver_for(train, max_iter)
-        z0 = self.initial_state(x, z0)
         module, variables = self.cell.unbind()
         dropout_key = self.make_rng("dropout") if train and self.has_rng("dropout") else None
 
@@ -256,9 +250,7 @@ class DEQ(nn.Module):
             rngs = None if key is None else {"dropout": key}
             return module.apply(cell_vars, z, x_in, rngs=rngs)
 
-        args = (variables, x, dropout_key)
-        _check_cell_output(f, z0, args)
-        return EquilibriumProblem(f, z0, args, solver)
+        return EquilibriumProblem(f, z0, (variables, x, dropout_key), solver)
 
 
 def sow_terms(
