@@ -416,10 +416,56 @@ def test_gradients_through_fixed_point_with_a_composed_solver(make, x64):
     np.testing.assert_allclose(jnp.sum(grad[1] * v), fd, rtol=1e-5)
 
 
+def test_combinators_take_their_parts_positionally_or_by_keyword():
+    a, b = S.anderson(m=3), S.broyden()
+    assert S.fallback(a, b, patience=4) == S.fallback(primary=a, backup=b, patience=4)
+    assert hash(S.fallback(a, b)) == hash(S.fallback(primary=a, backup=b))
+    assert S.restart(a, 4) == S.restart(solver=a, patience=4) == S.restart(a, patience=4)
+    assert S.sequence((a, 3), b) == S.sequence(solvers=(a, b), steps=(3,))
+    # and by name, the parts as keywords
+    assert S.get("fallback", primary=a, backup=b) == S.fallback(a, b)
+    assert S.get("restart", solver=a) == S.restart(a)
+    assert S.get("sequence", solvers=(a, b), steps=(3,)) == S.sequence((a, 3), b)
+    with pytest.raises(TypeError, match="positional"):
+        S.fallback(a, b, ("stalled",))  # the options are keywords
+    with pytest.raises(TypeError, match="fallback's backup must be a deq_jax Solver"):
+        S.fallback(a, "broyden")
+    rescued = _solve(S.fallback(S.anderson(tol=1e-5), S.broyden()))
+    assert bool(jnp.all(rescued.stats.converged))
+
+
+def test_get_reads_a_name_or_a_spec_string():
+    assert S.get("fallback(anderson, broyden)") == S.fallback(S.anderson(), S.broyden())
+    built = S.get(
+        "restart(anderson)", tol=1e-5, anderson={"m": 3}, restart={"patience": 7}, broyden={}
+    )
+    assert built == S.restart(S.anderson(m=3, tol=1e-5), 7, tol=1e-5)
+    # a plain name reads its own section too (as a one-solver spec)
+    assert S.get("anderson", tol=1e-5, anderson={"m": 3}) == S.anderson(m=3, tol=1e-5)
+    assert S.from_spec("fallback(anderson, broyden)", {"fallback": {"patience": 2}}, tol=1e-3) == (
+        S.get("fallback(anderson, broyden)", tol=1e-3, fallback={"patience": 2})
+    )
+    valid = "Valid solvers: anderson, broyden, fallback, fixed_point_iteration"  # and more
+    with pytest.raises(ValueError, match=f"Unknown solver 'andersn'. {valid}.*spec string"):
+        S.get("andersn")
+    with pytest.raises(
+        ValueError, match=f"'brodyen' in spec 'fallback.anderson, brodyen.'. {valid}"
+    ):
+        S.get("fallback(anderson, brodyen)")
+    with pytest.raises(ValueError, match=r"Cannot read solver spec 'anderson \+ broyden'"):
+        S.get("anderson + broyden")
+    with pytest.raises(ValueError, match=r"fallback takes 2 part.*spec 'fallback'.*\(anderson"):
+        S.get("fallback")  # a combinator named without its parts
+    with pytest.raises(ValueError, match="Unknown keyword.*'memory'.*anderson"):
+        S.get("fallback(anderson, broyden)", memory=3)
+    with pytest.raises(TypeError, match="string"):
+        S.get(S.anderson())
+
+
 def test_spec_strings_build_composed_solvers_and_name_bad_parts():
     hyper = {"anderson": {"m": 3}, "fallback": {"patience": 4}}
-    built = S.from_spec(
-        "fallback(sequence(fixed_point_iteration:3, anderson), broyden)", hyper, tol=1e-5
+    built = S.get(
+        "fallback(sequence(fixed_point_iteration:3, anderson), broyden)", **hyper, tol=1e-5
     )
     want = S.fallback(
         primary=S.sequence(
@@ -442,6 +488,8 @@ def test_spec_strings_build_composed_solvers_and_name_bad_parts():
         "sequence(anderson:3, broyden": "missing '\\)'",
     }
     for spec, message in bad.items():
+        with pytest.raises(ValueError, match=message):
+            S.get(spec)
         with pytest.raises(ValueError, match=message):
             S.from_spec(spec)
 

@@ -1,11 +1,11 @@
 """Fixed-point solvers: pure functions on `jax.lax.while_loop`.
 
 Every solver is a frozen, hashable dataclass of hyper-parameters, built directly
-(``anderson(m=5, tol=1e-4)``) or by name (``get("anderson", m=5)``). The function to
-solve is passed at call time through `deq_jax.fixed_point`.
+(``anderson(m=5, tol=1e-4)``) or by name (``get("anderson", m=5)``), composed ones
+also by a spec string (``get("fallback(anderson, broyden)")``). The function to solve
+is passed at call time through `deq_jax.fixed_point`.
 """
 
-from deq_jax._registry import Registry
 from deq_jax.solvers.anderson import AndersonState, anderson, anderson_step, anderson_weights
 from deq_jax.solvers.base import Solution, Solver, SolverStats, residuals
 from deq_jax.solvers.broyden import BroydenState, broyden, broyden_step, inv_jacobian_matvec
@@ -13,25 +13,9 @@ from deq_jax.solvers.combinators import sequence
 from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_iteration
 from deq_jax.solvers.linalg import spd_solve
 from deq_jax.solvers.loop import LOOPS, iterate, iterate_observed, iterate_unrolled
+from deq_jax.solvers.registry import from_spec, get, names, register
 from deq_jax.solvers.spec import COMBINATORS
-from deq_jax.solvers.spec import from_spec as _from_spec
 from deq_jax.solvers.switching import TRIGGERS, FallbackState, RestartState, fallback, restart
-
-_REGISTRY = Registry("solver")
-# The registry's bound methods are this package's public registry functions.
-register, get, names = _REGISTRY.register, _REGISTRY.get, _REGISTRY.names
-for _ctor in (fixed_point_iteration, anderson, broyden, sequence, fallback, restart):
-    register(_ctor.__name__, _ctor)
-
-
-def from_spec(spec: str, hyper=None, **common):
-    """The solver a spec string names, e.g. ``"fallback(anderson, broyden)"``.
-
-    See `deq_jax.solvers.spec`: each solver named gets ``common`` (budget keywords)
-    and its own section ``hyper[name]``; unknown names fail listing the valid ones.
-    """
-    return _from_spec(spec, get, names(), hyper, **common)
-
 
 __all__ = [
     "AndersonState",

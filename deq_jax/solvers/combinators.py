@@ -11,6 +11,14 @@ left unset they are taken from the part named in each combinator's docstring.
   Anderson's tail).
 * `fallback` and `restart` (`deq_jax.solvers.switching`) switch per sample.
 
+Every combinator takes its parts positionally, in the order below, or by the keywords
+named there; the other fields are keywords (``restart``'s ``patience`` may also follow
+its part):
+
+* ``sequence((s1, k1), ..., sn)`` or ``sequence(solvers=(s1, ..., sn), steps=(k1, ...))``
+* ``fallback(primary, backup)`` or ``fallback(primary=..., backup=...)``
+* ``restart(solver)`` or ``restart(solver=...)``
+
 Each combinator reports in the statistics which part made a sample's last step
 (`SolverStats.part`) and when that part took over (`SolverStats.switched_at`).
 

@@ -12,6 +12,7 @@ Grammar: ``spec := name | name "(" arg ("," arg)* ")"`` and ``arg := spec [":" s
 Every solver named gets the shared budget keywords (``tol``, ``stop_mode``,
 ``max_iter``, ``full_budget``) and its own keyword section, looked up by its name
 (``hyper["anderson"] = {"m": 5}``, ``hyper["fallback"] = {"patience": 5}``).
+`deq_jax.solvers.get` reads a spec string (as a name) with `build_spec`.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _parse(tokens: list[str], spec: str) -> tuple[str, list[tuple[Any, int | Non
     return name, args
 
 
-def from_spec(
+def build_spec(
     spec: str,
     get: Callable[..., Solver],
     names: list[str],

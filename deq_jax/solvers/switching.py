@@ -91,7 +91,7 @@ class FallbackState(NamedTuple):
     jump: jax.Array  # [B] the last residual over the best one before it ("diverging")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class fallback(Solver):  # noqa: N801 - registry name is the constructor name
     """``primary``, and per sample ``backup`` once ``primary`` fails on that sample.
 
@@ -114,6 +114,9 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
     ``k`` after which the sample switched (0: never); the return to the best iterate is
     the backup's first move, its first own proposal follows evaluation ``k + 1``.
 
+    Built positionally (``fallback(anderson(), broyden())``) or by keywords
+    (``fallback(primary=anderson(), backup=broyden())``); the other fields are keywords.
+
     Attributes:
       primary: the solver tried first.
       backup: the solver a failing sample switches to.
@@ -129,6 +132,7 @@ class fallback(Solver):  # noqa: N801 - registry name is the constructor name
 
     primary: Solver
     backup: Solver
+    _: dataclasses.KW_ONLY
     when: tuple[str, ...] = TRIGGERS
     patience: int = 10
     growth: float = 100.0
@@ -279,7 +283,8 @@ class restart(Solver):  # noqa: N801 - registry name is the constructor name
     Statistics: ``part`` is 0 (the one solver); ``switched_at`` the evaluation ``k``
     after which the sample last restarted (0: never).
 
-    Built positionally (``restart(anderson(), 5)``) or by keywords.
+    Built positionally (``restart(anderson(), 5)``) or by keywords
+    (``restart(solver=anderson(), patience=5)``); the budget fields are keywords.
 
     Attributes:
       solver: the solver to restart.
