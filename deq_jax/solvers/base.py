@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from deq_jax.solvers.summary import stats_summary, value_summary
+
 STOP_MODES = ("abs", "rel")
 
 # Added to ||f(z)|| in the relative residual, as in torchdeq.
@@ -56,6 +58,10 @@ class SolverStats(NamedTuple):
       switched_at: for a composed solver, ``[B]`` int32: the evaluation count ``k`` at
         which that part took over (its first proposal follows evaluation ``k``); ``0``
         if the sample never switched. ``None`` for a plain solver.
+
+    Printed (``repr``, ``str``), the statistics read as a one-line summary (steps,
+    residuals, converged and diverged counts, shapes); ``stats.summary(trace=True)``
+    adds the residual trace, and ``stats.trace`` is the array itself.
     """
 
     nstep: jax.Array
@@ -67,6 +73,14 @@ class SolverStats(NamedTuple):
     part: jax.Array | None = None
     switched_at: jax.Array | None = None
 
+    def summary(self, trace: bool = False) -> str:
+        """A one-line summary; with ``trace``, the residual trace below it
+        (`deq_jax.solvers.summary.stats_summary`)."""
+        return stats_summary(self, trace)
+
+    def __repr__(self) -> str:
+        return stats_summary(self)
+
 
 class Solution(NamedTuple):
     """The result of `deq_jax.fixed_point`: the fixed point and its statistics.
@@ -75,10 +89,16 @@ class Solution(NamedTuple):
       value: the fixed point ``z*``, a pytree like ``z0``; differentiable w.r.t. the
         ``args`` of the solve according to the backward mode.
       stats: a `SolverStats` of the forward solve.
+
+    Printed, the value shows as its leaves' dtypes and shapes and the statistics as
+    their summary.
     """
 
     value: Any
     stats: SolverStats
+
+    def __repr__(self) -> str:
+        return f"Solution(value={value_summary(self.value)}, stats={self.stats!r})"
 
 
 class Phase(NamedTuple):
