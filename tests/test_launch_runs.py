@@ -5,15 +5,25 @@ import os
 
 import pytest
 
-from configs import clrs_bellman_ford, prefix_sum, synthetic_1d
+from configs import clrs, prefix_sum, synthetic_1d
 from deq_jax.training import train
+from deq_jax.training.writers import write_text
 from launch import runs
 
 
-@pytest.mark.parametrize("module", [prefix_sum, synthetic_1d, clrs_bellman_ford])
-def test_saved_config_round_trips_without_differences(tmp_path, module):
-    config = module.get_config()
-    train._write_config(config, str(tmp_path))  # what a training run leaves behind
+def _write_config(config, workdir: str) -> None:
+    """The ``config.json`` a training run leaves in its workdir."""
+    write_text(os.path.join(workdir, train.CONFIG_FILE), train.config_json(config))
+
+
+@pytest.mark.parametrize(
+    "get_config",
+    [prefix_sum.get_config, synthetic_1d.get_config, lambda: clrs.get_config("bellman_ford")],
+    ids=["prefix_sum", "synthetic_1d", "clrs_bellman_ford"],
+)
+def test_saved_config_round_trips_without_differences(tmp_path, get_config):
+    config = get_config()
+    _write_config(config, str(tmp_path))  # what a training run leaves behind
     runs.check_run_config(config, str(tmp_path))
     with open(tmp_path / "config.json") as f:
         assert runs.config_differences(json.load(f), config) == []
@@ -21,7 +31,7 @@ def test_saved_config_round_trips_without_differences(tmp_path, module):
 
 def test_model_changes_are_named_and_length_changes_allowed(tmp_path):
     config = prefix_sum.get_config()
-    train._write_config(config, str(tmp_path))
+    _write_config(config, str(tmp_path))
     longer = prefix_sum.get_config()
     longer.train.steps *= 2
     longer.eval.every_steps = 7
@@ -49,7 +59,7 @@ def test_fresh_workdir_passes(tmp_path):
 
 def test_fields_newer_than_the_run_are_not_compared(tmp_path):
     config = prefix_sum.get_config()
-    train._write_config(config, str(tmp_path))
+    _write_config(config, str(tmp_path))
     with open(tmp_path / "config.json") as f:
         saved = json.load(f)
     del saved["regularizer"]  # a run from before the regulariser existed
@@ -71,7 +81,7 @@ def _old_layout(saved):
 
 def test_a_run_of_the_old_layout_compares_under_the_new_names(tmp_path):
     config = prefix_sum.get_config()
-    train._write_config(config, str(tmp_path))
+    _write_config(config, str(tmp_path))
     with open(tmp_path / "config.json") as f:
         saved = _old_layout(json.load(f))
     assert "deq" not in saved and saved["solver"]["name"] == "anderson"
@@ -85,8 +95,8 @@ def test_a_run_of_the_old_layout_compares_under_the_new_names(tmp_path):
 
 
 def test_a_clrs_run_from_before_the_official_splits_is_refused(tmp_path):
-    config = clrs_bellman_ford.get_config()
-    train._write_config(config, str(tmp_path))
+    config = clrs.get_config("bellman_ford")
+    _write_config(config, str(tmp_path))
     with open(tmp_path / "config.json") as f:
         saved = json.load(f)
     del saved["task"]["sampler"]  # trained on numpy-Generator graphs
@@ -99,7 +109,7 @@ def test_apply_overrides_sets_typed_fields_and_rejects_unknown_keys():
     from launch.flags import UnknownOverrideError
 
     config = runs.apply_overrides(
-        clrs_bellman_ford.get_config(),
+        clrs.get_config("bellman_ford"),
         [
             "regularizer.jacobian_weight=0.1",
             "model.processor=triplet_mpnn",
