@@ -12,7 +12,6 @@ import os
 import shutil
 
 import numpy as np
-import pytest
 from ml_collections import ConfigDict
 
 from deq_jax.training import train_and_evaluate, writers
@@ -53,7 +52,6 @@ def test_a_task_checkpoint_of_the_old_loop_resumes_exactly(tmp_path):
     assert set(result.report) == {"1x", "2x"}
 
 
-@pytest.mark.slow
 def test_a_language_model_checkpoint_of_the_old_loop_resumes_with_its_memory(tmp_path):
     config, workdir, expected = _saved_run("lm", tmp_path)
     config.task.path = os.path.join(DATA, "lm", "plays.txt")

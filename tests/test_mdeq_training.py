@@ -49,9 +49,15 @@ def test_smoke_run_warms_up_weight_tied_then_solves(trained):
     assert train[0]["nstep_mean"] == config.model.n_layer
     assert train[-1]["nstep_mean"] <= config.deq.train_max_iter
     with open(os.path.join(workdir, "length_generalization.json")) as f:
-        report = json.load(f)["report"]
+        written = json.load(f)
+    report = written["report"]
     assert set(report) == {"1x", "2x"} and set(report["1x"]) == {"valid", "test"}
     assert 0 <= report["1x"]["test"]["accuracy"] <= 1
+    # A warm-up state is scored as the weight-tied network it trains, never selected.
+    assert written["best"]["step"] > config.train.pretrain_steps
+    # The report is per split, not per length: its title says so.
+    assert any(line.startswith("Accuracy per split") for line in lines)
+    assert not any("Per-length" in line for line in lines)
 
 
 def test_neural_solver_fits_the_multiscale_state(trained, tmp_path):

@@ -280,3 +280,25 @@ def test_prefix_sum_model_shapes_and_parameter_count():
         model.apply(variables, jnp.ones((3, 16)), train=False)
     with pytest.raises(ValueError, match="prefix_sum_deq"):
         models.get("resnet")
+
+
+def test_report_title_fits_the_splits_and_metrics():
+    from deq_jax.training.evaluate import report_title
+
+    lengths = ("test_16", "test_32")
+    assert report_title(lengths, ["bit_accuracy", "string_accuracy"]) == "Per-length accuracy"
+    assert report_title(("valid", "test"), ["accuracy"]) == "Accuracy per split"
+    assert report_title(("test",), ["mse"]) == "Scores per split"
+    assert report_title(lengths, ["score"]) == "Per-length scores"
+
+
+def test_every_family_is_one_loop_with_a_family_of_its_own():
+    from configs import lm_shakespeare, mdeq_fashion_mnist, prefix_sum
+    from deq_jax.training import Family, LanguageModelFamily, TaskFamily, family_for
+
+    assert isinstance(family_for(lm_shakespeare.get_config("smoke")), LanguageModelFamily)
+    for config in (prefix_sum.get_config("smoke"), mdeq_fashion_mnist.get_config("smoke")):
+        assert isinstance(family_for(config), TaskFamily)
+    assert issubclass(TaskFamily, Family) and issubclass(LanguageModelFamily, Family)
+    # what differs between the families is theirs; the loop is shared
+    assert TaskFamily.report_file != LanguageModelFamily.report_file

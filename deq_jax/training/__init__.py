@@ -34,7 +34,7 @@ References:
 from deq_jax.training import build, sharding
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
-from deq_jax.training.evaluate import Evaluator, evaluate_checkpoint, length_report
+from deq_jax.training.evaluate import Evaluator, length_report
 from deq_jax.training.family import Family, Phase
 from deq_jax.training.frozen_deq import FrozenDEQ, Targets
 from deq_jax.training.hypersolver import HyperSolverRun, load_hypersolver, train_hypersolver
@@ -51,7 +51,13 @@ from deq_jax.training.solver_train import TrainedNeuralSolver, train_neural_solv
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import make_eval_step, make_spectral_step, make_train_step
 from deq_jax.training.task_family import TaskFamily
-from deq_jax.training.train import NonFiniteLossError, RunResult, family_for, train_and_evaluate
+from deq_jax.training.train import (
+    NonFiniteLossError,
+    RunResult,
+    evaluate_checkpoint,
+    family_for,
+    train_and_evaluate,
+)
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 
 __all__ = [

@@ -262,7 +262,7 @@ def write_report(workdir: str, report: dict, extra: dict | None = None) -> str:
     return write_json(path, {"report": report, **(extra or {})}, indent=2, sort_keys=True)
 
 
-def evaluate_checkpoint(
+def evaluate_task_checkpoint(
     config: Any,
     workdir: str,
     splits: Sequence[str] = (),
@@ -271,9 +271,11 @@ def evaluate_checkpoint(
     checkpoint: str = "",
     run: Any = None,
     max_batches: int = 0,
+    exclude: str = "",
 ) -> dict[str, dict[str, dict]]:
     """Evaluates a checkpoint of ``workdir`` on any splits and solver budgets: the best
-    on validation (`deq_jax.training.selection`) if the run has one, else the latest.
+    on validation (`deq_jax.training.selection`) if the run has one, else the latest
+    (`deq_jax.training.evaluate_checkpoint` of a task's config).
 
     Args:
       config: the configuration the checkpoint was trained with (``eval.batch_size``
@@ -288,6 +290,7 @@ def evaluate_checkpoint(
         has it already (e.g. `launch.runs.trained_run`'s); else it is restored here.
       max_batches: the first this many batches of each split (the same examples at
         every budget); 0: every split in full.
+      exclude: must be empty (a language model's option).
 
     Returns:
       ``{budget_name: {split: metrics}}`` with budget names like ``"max_iter=60"``.
@@ -295,9 +298,11 @@ def evaluate_checkpoint(
     Raises:
       FileNotFoundError: if the workdir holds no checkpoint (or no best one, for
         ``checkpoint="best"``).
-      ValueError: for an unknown ``checkpoint``.
+      ValueError: for an unknown ``checkpoint``, or an ``exclude``.
       CheckpointMismatchError: if the checkpoint does not fit the config's model.
     """
+    if exclude:
+        raise ValueError("exclude (a pattern of characters) applies to a language model.")
     if run is None:
         run = restore_trained(config, workdir, "to evaluate")
     state, step, which = restore_selected(workdir, run.state, run.start_step, checkpoint)

@@ -93,6 +93,10 @@ class Family(abc.ABC):
         """
 
     @abc.abstractmethod
+    def evaluate_checkpoint(self, config: Any, workdir: str, **options: Any) -> dict:
+        """Scores a saved checkpoint (`deq_jax.training.train.evaluate_checkpoint`)."""
+
+    @abc.abstractmethod
     def saved_report(self, previous: Mapping[str, Any]) -> dict:
         """The report part of a finished run's report file (`RunResult.report`)."""
 

@@ -150,25 +150,33 @@ class StreamEvaluator:
                 )
         if not totals.get("count"):
             raise ValueError(f"Split {split!r} has no tokens to evaluate.")
-        metrics = dict(self.task.summarize(totals["nll_sum"], totals["count"]))
-        rows = max(totals["rows"], 1.0)
-        metrics.update(
-            nstep_mean=totals["nstep_sum"] / rows,
-            nstep_max=totals["nstep_max"],
-            converged=totals["converged_sum"] / rows,
-            rel_residual=totals["rel_residual_sum"] / rows,
-            seconds=seconds,
-            tokens_per_second=timed_tokens / seconds if seconds else float("nan"),
-        )
-        if keep is not None:
-            count = totals["kept_count"]
-            metrics.update(
-                kept_nll=totals["kept_nll_sum"] / count if count else float("nan"),
-                kept_tokens=count,
-            )
+        metrics = summary(self.task, totals, seconds, timed_tokens, kept=keep is not None)
         if segments:
             metrics["segments"] = records
         return metrics
+
+
+def summary(task, totals: dict[str, float], seconds: float, tokens: float, kept: bool):
+    """A split's metrics from the sums of its segments (`StreamEvaluator.evaluate`):
+    the task's summary, the solver's statistics per row, the timing (``seconds`` for
+    ``tokens``) and, with ``kept``, ``kept_nll`` and ``kept_tokens``."""
+    metrics = dict(task.summarize(totals["nll_sum"], totals["count"]))
+    rows = max(totals["rows"], 1.0)
+    metrics.update(
+        nstep_mean=totals["nstep_sum"] / rows,
+        nstep_max=totals["nstep_max"],
+        converged=totals["converged_sum"] / rows,
+        rel_residual=totals["rel_residual_sum"] / rows,
+        seconds=seconds,
+        tokens_per_second=tokens / seconds if seconds else float("nan"),
+    )
+    if kept:
+        count = totals["kept_count"]
+        metrics.update(
+            kept_nll=totals["kept_nll_sum"] / count if count else float("nan"),
+            kept_tokens=count,
+        )
+    return metrics
 
 
 def segment_record(sums: dict[str, Any]) -> dict[str, float]:
@@ -213,12 +221,13 @@ def evaluate_lm_checkpoint(
     emit: Callable[[str], None] = print,
     checkpoint: str = "",
     exclude: str = "",
+    max_batches: int = 0,
 ) -> dict[str, dict[str, dict]]:
     """Scores a language model's checkpoint on whole splits at any solver budgets.
 
     Args:
       config: the configuration the run was trained with (``eval.batch_size`` and
-        ``eval.seq_len`` apply; every split is streamed in full, memory carried).
+        ``eval.seq_len`` apply; each split is streamed with the memory carried).
       workdir: the run's directory.
       splits: the splits; empty means every eval split of the task.
       max_iters: solver budgets; empty means the config's eval budget
@@ -230,6 +239,7 @@ def evaluate_lm_checkpoint(
         the characters outside its matches (`pattern_mask`), in the same pass, which
         adds ``kept_bpc`` and ``matched_bpc`` (the bits per character outside and
         inside the matches) and ``matched_fraction`` to its metrics.
+      max_batches: the first this many segments of each split; 0: every split in full.
 
     Returns:
       ``{"max_iter=K": {split: metrics}}``, each split's metrics with ``segments``
@@ -245,8 +255,9 @@ def evaluate_lm_checkpoint(
     run = restore_trained(config, workdir, "to evaluate", setup_fn=_setup_trained_language_model)
     state, step, which = restore_selected(workdir, run.state, run.start_step, checkpoint)
     ec = config.eval
+    seq_len = ec.seq_len or config.train.seq_len
     evaluator = StreamEvaluator(
-        run.model, run.task, run.mesh, ec.batch_size, ec.seq_len or config.train.seq_len
+        run.model, run.task, run.mesh, ec.batch_size, seq_len, max_batches=max_batches
     )
     splits = tuple(splits) or tuple(run.task.eval_splits)
     budgets = [int(k) for k in max_iters] or [config.deq.eval_max_iter or config.deq.train_max_iter]

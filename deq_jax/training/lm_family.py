@@ -34,7 +34,7 @@ import numpy as np
 
 from deq_jax.training.evaluate import format_report
 from deq_jax.training.family import Family, Phase, Step, warmup_model
-from deq_jax.training.lm_evaluate import StreamEvaluator, lm_device_batch
+from deq_jax.training.lm_evaluate import StreamEvaluator, evaluate_lm_checkpoint, lm_device_batch
 from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
 from deq_jax.training.regularizer import JacobianRegularizer
@@ -156,6 +156,9 @@ class LanguageModelFamily(Family):
         path = os.path.join(loop.workdir, REPORT_FILE)
         write_json(path, report, indent=2)
         loop.emit(f"Wrote {path}")
+
+    def evaluate_checkpoint(self, config: Any, workdir: str, **options: Any) -> dict:
+        return evaluate_lm_checkpoint(config, workdir, **options)
 
     def saved_report(self, previous: Mapping[str, Any]) -> dict:
         return previous["eval"]

@@ -38,15 +38,21 @@ import numpy as np
 import optax
 from jax.sharding import Mesh
 
-from deq_jax.backward.probe import read_stats_probe, stats_probe
+from deq_jax.backward.probe import stats_probe
 from deq_jax.nn.deq import with_terms
 from deq_jax.training import sharding
 from deq_jax.training.metrics import masked_mean, solver_metrics, term_values
-from deq_jax.training.nonfinite import SKIPPED, apply_if_finite, finite_memory
-from deq_jax.training.optim import global_norm
+from deq_jax.training.nonfinite import finite_memory
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState
-from deq_jax.training.steps import INTERMEDIATES, JACOBIAN_STREAM, RNG_STREAMS, net_terms, step_key
+from deq_jax.training.steps import (
+    INTERMEDIATES,
+    JACOBIAN_STREAM,
+    RNG_STREAMS,
+    net_terms,
+    step_key,
+)
+from deq_jax.training.update import apply_update, drawn_gradients
 
 # What the device arrays of an LM batch are (the task's ``reset`` flag stays on the host).
 LM_KEYS = ("inputs", "targets", "mask")
@@ -87,6 +93,42 @@ def correction_loss(correction_nll: jax.Array, mask: jax.Array) -> jax.Array:
       mask: ``[B, L]`` real tokens.
     """
     return jnp.sum(jax.vmap(lambda nll: masked_mean(nll, mask))(correction_nll))
+
+
+def _objective(state: TrainState, mems: Any, batch, rngs, terms, solves: bool):
+    """``objective(params, probe, net) -> (loss, aux)`` on a batch of segments: the mean
+    nll of the real tokens (or the correction loss, which ends with it) plus the
+    penalty terms of a solving model."""
+    tokens, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
+    rows = _row_mask(mask)
+
+    def objective(params, probe, net):
+        out, new_model_state = net.apply(
+            state.variables(params),
+            tokens,
+            mems=mems,
+            targets=targets,
+            train=True,
+            rngs=rngs,
+            mutable=[*state.model_state, INTERMEDIATES],
+            stats_probe=probe,
+        )
+        new_model_state = dict(new_model_state)
+        intermediates = new_model_state.pop(INTERMEDIATES, {})
+        nll = masked_mean(out.nll, mask)
+        loss, extra = nll, {}
+        if out.correction_nll is not None:  # replaces the nll: its last state is it
+            loss = extra["correction_loss"] = correction_loss(out.correction_nll, mask)
+        values = term_values(intermediates, terms, rows, nll.dtype)
+        for term in net_terms(net) if solves else ():
+            if term.penalises:
+                loss = loss + term.weight_at(state.step) * values[term.name]
+        extra.update(values)
+        stats = out.stats._replace(trace=jnp.zeros((), nll.dtype))
+        aux = dict(nll=out.nll, mems=out.mems, stats=stats, extra=extra)
+        return loss, dict(aux, model_state=new_model_state)
+
+    return objective
 
 
 def make_lm_train_step(
@@ -133,66 +175,32 @@ def make_lm_train_step(
             "Set regularizer.jacobian_weight=0 or model.mode='deq'."
         )
     if not solves:
-        jacobian = None  # a stacked warm-up has no fixed point to regularise
+        reg, jacobian = JacobianRegularizer(), None  # a stacked warm-up: no fixed point
     regularised = with_terms(model, (jacobian,)) if jacobian is not None else model
     terms = net_terms(regularised) if solves else ()
 
     def train_step(state: TrainState, mems: Any, batch: dict[str, jax.Array]):
-        tokens, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
+        mask = batch["mask"]
         rows = _row_mask(mask)
         k_jacobian, k_draw = jax.random.split(step_key(state))
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
-
-        def objective(params, probe, net):
-            out, new_model_state = net.apply(
-                state.variables(params),
-                tokens,
-                mems=mems,
-                targets=targets,
-                train=True,
-                rngs=rngs,
-                mutable=[*state.model_state, INTERMEDIATES],
-                stats_probe=probe,
-            )
-            new_model_state = dict(new_model_state)
-            intermediates = new_model_state.pop(INTERMEDIATES, {})
-            nll = masked_mean(out.nll, mask)
-            loss, extra = nll, {}
-            if out.correction_nll is not None:  # replaces the nll: its last state is it
-                loss = extra["correction_loss"] = correction_loss(out.correction_nll, mask)
-            values = term_values(intermediates, terms, rows, nll.dtype)
-            for term in net_terms(net) if solves else ():
-                if term.penalises:
-                    loss = loss + term.weight_at(state.step) * values[term.name]
-            extra.update(values)
-            stats = out.stats._replace(trace=jnp.zeros((), nll.dtype))
-            aux = dict(nll=out.nll, mems=out.mems, stats=stats, extra=extra)
-            return loss, dict(aux, model_state=new_model_state)
+        objective = _objective(state, mems, batch, rngs, terms, solves)
 
         def gradients(net):
             grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
             return grad_fn(state.params, stats_probe(), net)
 
-        applied = jnp.asarray(jacobian is not None, jnp.float32)
-        if jacobian is None or not reg.drawn:
-            result = gradients(regularised)
-        else:  # locuslab's jac_loss_freq and JAC_STOP_EPOCH: the term on drawn steps
-            draw = reg.draw(k_draw, state.step)
-            applied = draw.astype(jnp.float32)
-            result = jax.lax.cond(draw, lambda: gradients(regularised), lambda: gradients(model))
-        (loss, aux), (grads, probe_grad) = result
+        # locuslab's jac_loss_freq and JAC_STOP_EPOCH: the term on the drawn steps
+        result, applied = drawn_gradients(
+            reg, k_draw, state.step, gradients, regularised, model, gate=False
+        )
+        (loss, aux), _ = result
         metrics = {"loss": loss, **_token_metrics(aux["nll"], mask), **aux["extra"]}
         metrics.update(solver_metrics(aux["stats"], rows))
-        for name, value in read_stats_probe(probe_grad).items():
-            metrics[f"bwd_{name}"] = value
-        if jacobian is not None:
-            metrics["jacobian_weight"] = reg.weight_at(state.step)
-            metrics["jacobian_applied"] = applied
-        metrics["grad_norm"] = global_norm(grads)
-        metrics["param_norm"] = optax.tree.norm(state.params)
-        metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
         metrics["tokens"] = jnp.sum(mask.astype(jnp.float32))
-        state, metrics[SKIPPED] = apply_if_finite(state, loss, grads, aux["model_state"])
+        state, metrics = apply_update(
+            state, result, metrics, schedule, reg, applied, aux["model_state"]
+        )
         return state, finite_memory(aux["mems"], mems), metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from deq_jax.backward.probe import read_stats_probe, stats_probe
+from deq_jax.backward.probe import stats_probe
 from deq_jax.nn.deq import spec_of, with_terms
 from deq_jax.regularizers.terms import SpectralRadius, Term
 from deq_jax.training import sharding
@@ -47,11 +47,10 @@ from deq_jax.training.metrics import (
     sown,
     term_values,
 )
-from deq_jax.training.nonfinite import SKIPPED, apply_if_finite
-from deq_jax.training.optim import global_norm
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.state import TrainState
+from deq_jax.training.update import apply_update, drawn_gradients
 
 # Metrics a task computes from (outputs, targets, mask); e.g. `PrefixSumTask.metrics`.
 TaskMetrics = Callable[[jax.Array, jax.Array, jax.Array], Mapping[str, jax.Array]]
@@ -105,6 +104,104 @@ def branches_are_slow(mesh: Mesh) -> bool:
     return mesh.devices.flat[0].platform == "cpu"
 
 
+def _objective(state, batch, extras, terms, jacobian, rngs, task_loss_of):
+    """``objective(params, probe, net, max_iter, gate) -> (loss, aux)`` on a task's
+    batch: the task loss, the sown auxiliary loss and the penalty terms (the Jacobian
+    term's masked by ``gate`` where a gate is given)."""
+    inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
+    extra = {k: batch[k] for k in extras}
+    mutable = list(state.model_state)
+
+    def objective(params, probe, net, max_iter: int | None, gate: jax.Array | None):
+        (outputs, stats), new_model_state = net.apply(
+            state.variables(params),
+            inputs,
+            train=True,
+            max_iter=max_iter,
+            rngs=rngs,
+            mutable=mutable + [INTERMEDIATES],
+            stats_probe=probe,
+            **extra,
+        )
+        new_model_state = dict(new_model_state)
+        intermediates = new_model_state.pop(INTERMEDIATES, {})
+        aux_outputs = sown(intermediates, AUX_OUTPUTS, required=False)
+        more = {} if aux_outputs is None else {"aux_outputs": aux_outputs}
+        task_loss = task_loss_of(outputs, targets, mask, inputs=inputs, **extra, **more)
+        loss = task_loss
+        aux_loss = sown(intermediates, AUX_LOSS, required=False)
+        if aux_loss is not None:
+            aux_loss = masked_mean(aux_loss, mask)
+            loss = loss + aux_loss
+        values = term_values(intermediates, terms, mask, task_loss.dtype)
+        for term in net_terms(net):
+            if term.penalises:
+                penalty = term.weight_at(state.step) * values[term.name]
+                if gate is not None and term.name == jacobian.name:
+                    penalty = jnp.where(gate > 0, penalty, 0.0)  # a skipped step
+                loss = loss + penalty
+        if gate is not None:  # reported as on a skipped step of `jax.lax.cond`
+            for name in jacobian.outputs:
+                values[name] = jnp.where(gate > 0, values[name], jnp.nan)
+        # The trace's length is the budget: drop it so every budget's branch agrees.
+        stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
+        aux = dict(task_loss=task_loss, aux_loss=aux_loss, terms=values, outputs=outputs)
+        return loss, dict(aux, stats=stats, model_state=new_model_state)
+
+    return objective
+
+
+def _loss_of(loss_fn: TaskLoss | None, regression: bool) -> TaskLoss:
+    """The task's loss, or the default one (refusing sown ``aux_outputs``)."""
+    default_loss = regression_loss if regression else classification_loss
+
+    def task_loss_of(outputs, targets, mask, **batch):
+        if loss_fn is not None:
+            return loss_fn(outputs, targets, mask, **batch)
+        if "aux_outputs" in batch:
+            raise ValueError(
+                "The model sows aux_outputs, which only a task's own loss can score "
+                "(make_train_step(loss_fn=...))."
+            )
+        return default_loss(outputs, targets, mask)
+
+    return task_loss_of
+
+
+def _budgeted(objective, state: TrainState, budgets: tuple[int, ...], budget_index):
+    """``budgeted(net, gate=None)``: the loss, its aux and the gradients w.r.t. the
+    parameters and the stats probe, at the drawn ``budgets[budget_index]`` (no budgets:
+    the model's train budget)."""
+
+    def gradients(net, max_iter: int | None = None, gate: jax.Array | None = None):
+        grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
+        return grad_fn(state.params, stats_probe(), net, max_iter, gate)
+
+    def budgeted(net, gate: jax.Array | None = None):
+        if not budgets:
+            return gradients(net, gate=gate)
+        branches = [lambda b=b: gradients(net, b, gate) for b in budgets]
+        return jax.lax.switch(budget_index, branches)
+
+    return budgeted
+
+
+def _step_metrics(loss, aux, metrics_fn, batch, extra, regression: bool) -> dict:
+    """A task's train metrics: the losses, penalty terms, task metrics (``accuracy``
+    the first, for classification) and the forward solver's statistics."""
+    targets, mask = batch["targets"], batch["mask"]
+    metrics = {"loss": loss, "task_loss": aux["task_loss"]}
+    if aux["aux_loss"] is not None:
+        metrics["aux_loss"] = aux["aux_loss"]
+    metrics.update(aux["terms"])
+    task_metrics = _task_metrics(metrics_fn, aux["outputs"], targets, mask, extra)
+    if not regression:
+        metrics["accuracy"] = next(iter(task_metrics.values()))
+    metrics.update(task_metrics)
+    metrics.update(solver_metrics(aux["stats"], mask))
+    return metrics
+
+
 def make_train_step(
     model: Any,
     metrics_fn: TaskMetrics,
@@ -126,12 +223,9 @@ def make_train_step(
       mesh: the data-parallel mesh.
       regression: mean squared error instead of cross-entropy (no ``accuracy``).
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
-        With ``jacobian_freq < 1`` or a ``jacobian_stop_step`` a `jax.lax.cond` on the
-        step's draw (`JacobianRegularizer.draw`) runs either the regularised or the
-        plain gradient, so skipped steps cost nothing; on CPU devices
-        (`branches_are_slow`) every step computes the term and the draw masks it
-        instead, with the same loss, gradients and metrics while the term is finite (a
-        non-finite term on a skipped step may make `apply_if_finite` skip it).
+        Its term counts on the steps its draw picks (`drawn_gradients`; on CPU devices,
+        `branches_are_slow`, computed every step and masked, with the same loss,
+        gradients and metrics while the term is finite).
       interventions: the path-independence interventions (randomised forward budget,
         alignment penalty); ``None`` means none.
       extras: batch keys handed to the model and to ``metrics_fn`` as keywords (the
@@ -140,23 +234,16 @@ def make_train_step(
         batch's ``inputs`` and ``extras`` as keywords; ``None``: the cross-entropy (or,
         with ``regression``, the squared error) over every output.
 
-    A model that sows per-example losses ``[B]`` as ``"aux_loss"`` into
-    ``"intermediates"`` (`AUX_LOSS`) has their mean over the real examples added to
-    the loss and reported as ``aux_loss``. What it sows as ``"aux_outputs"``
-    (`AUX_OUTPUTS`) goes to ``loss_fn`` as the keyword ``aux_outputs``.
+    Per-example losses ``[B]`` a model sows as `AUX_LOSS` add their mean over the real
+    examples (reported as ``aux_loss``); its `AUX_OUTPUTS` go to ``loss_fn``.
 
     Returns:
-      The jitted step. ``metrics`` holds ``loss`` (the optimised loss), ``task_loss``,
-      the task's metrics, ``accuracy`` (the first of those, for classification), the
-      forward solver's ``nstep_mean``, ``nstep_max``, residuals and convergence rate,
-      the backward solve's ``bwd_nstep_mean``, ``bwd_nstep_max``,
-      ``bwd_abs_residual_max``, ``bwd_converged_fraction`` (zero for modes without a
-      backward solve), ``grad_norm``, ``param_norm``, ``learning_rate``; with the
-      regulariser on, ``jacobian_weight``, ``jacobian_applied`` and ``jacobian_term``
-      (NaN on steps that skip it); with its spectral hinge on, ``spectral_estimate``
-      (the mean estimated ``rho``) and ``spectral_hinge`` (the mean squared hinge,
-      before ``spectral_weight``); with a randomised budget ``train_budget``; with the
-      alignment penalty ``alignment_term``. All scalars. The state is donated.
+      The jitted step (the state is donated). ``metrics`` (scalars) holds ``loss``
+      (the optimised loss), ``task_loss``, the task's metrics, ``accuracy`` (the first
+      of those, for classification), the forward solver's statistics and those of
+      `apply_update`; with the spectral hinge on, ``spectral_estimate`` (the mean
+      estimated ``rho``) and ``spectral_hinge`` (before ``spectral_weight``); with a
+      randomised budget ``train_budget``; with the alignment penalty ``alignment_term``.
 
     References:
       Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian
@@ -166,110 +253,30 @@ def make_train_step(
     """
     reg = regularizer or JacobianRegularizer()
     pi = interventions or PathIndependence()
-    default_loss = regression_loss if regression else classification_loss
     jacobian = reg.jacobian_term()
     # Evaluated on every step; the Jacobian term only where its Bernoulli draw says so.
     always = reg.spectral_terms() + pi.terms()
     plain = with_terms(model, always)
     regularised = plain if jacobian is None else with_terms(model, (jacobian, *always))
     terms = net_terms(regularised)  # the model's own terms first
-
-    def task_loss_of(outputs, targets, mask, **batch):
-        if loss_fn is not None:
-            return loss_fn(outputs, targets, mask, **batch)
-        if "aux_outputs" in batch:
-            raise ValueError(
-                "The model sows aux_outputs, which only a task's own loss can score "
-                "(make_train_step(loss_fn=...))."
-            )
-        return default_loss(outputs, targets, mask)
+    task_loss_of = _loss_of(loss_fn, regression)
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
-        inputs, targets, mask = batch["inputs"], batch["targets"], batch["mask"]
-        extra = {k: batch[k] for k in extras}
-        mutable = list(state.model_state)
         k_jacobian, k_draw, k_budget = jax.random.split(step_key(state), 3)
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: k_jacobian}
-
-        def objective(params, probe, net, max_iter: int | None, gate: jax.Array | None):
-            (outputs, stats), new_model_state = net.apply(
-                state.variables(params),
-                inputs,
-                train=True,
-                max_iter=max_iter,
-                rngs=rngs,
-                mutable=mutable + [INTERMEDIATES],
-                stats_probe=probe,
-                **extra,
-            )
-            new_model_state = dict(new_model_state)
-            intermediates = new_model_state.pop(INTERMEDIATES, {})
-            aux_outputs = sown(intermediates, AUX_OUTPUTS, required=False)
-            more = {} if aux_outputs is None else {"aux_outputs": aux_outputs}
-            task_loss = task_loss_of(outputs, targets, mask, inputs=inputs, **extra, **more)
-            loss = task_loss
-            aux_loss = sown(intermediates, AUX_LOSS, required=False)
-            if aux_loss is not None:
-                aux_loss = masked_mean(aux_loss, mask)
-                loss = loss + aux_loss
-            values = term_values(intermediates, terms, mask, task_loss.dtype)
-            for term in net_terms(net):
-                if term.penalises:
-                    penalty = term.weight_at(state.step) * values[term.name]
-                    if gate is not None and term.name == jacobian.name:
-                        penalty = jnp.where(gate > 0, penalty, 0.0)  # a skipped step
-                    loss = loss + penalty
-            if gate is not None:  # reported as on a skipped step of `jax.lax.cond`
-                for name in jacobian.outputs:
-                    values[name] = jnp.where(gate > 0, values[name], jnp.nan)
-            # The trace's length is the budget: drop it so every budget's branch agrees.
-            stats = stats._replace(trace=jnp.zeros((), task_loss.dtype))
-            aux = dict(task_loss=task_loss, aux_loss=aux_loss, terms=values, outputs=outputs)
-            return loss, dict(aux, stats=stats, model_state=new_model_state)
-
-        def gradients(net, max_iter: int | None = None, gate: jax.Array | None = None):
-            grad_fn = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)
-            return grad_fn(state.params, stats_probe(), net, max_iter, gate)
-
-        def budgeted(net, gate: jax.Array | None = None):
-            if not pi.budgets:
-                return gradients(net, gate=gate)
-            branches = [lambda b=b: gradients(net, b, gate) for b in pi.budgets]
-            return jax.lax.switch(budget_index, branches)
-
+        objective = _objective(state, batch, extras, terms, jacobian, rngs, task_loss_of)
         budget_index = pi.draw_budget(k_budget) if pi.budgets else None
-        applied = jnp.asarray(jacobian is not None, jnp.float32)
-        if jacobian is None or not reg.drawn:
-            result = budgeted(regularised)
-        else:
-            draw = reg.draw(k_draw, state.step)
-            applied = draw.astype(jnp.float32)
-            if branches_are_slow(mesh):
-                result = budgeted(regularised, gate=applied)
-            else:
-                result = jax.lax.cond(draw, lambda: budgeted(regularised), lambda: budgeted(plain))
-        (loss, aux), (grads, probe_grad) = result
-        metrics = {"loss": loss, "task_loss": aux["task_loss"]}
-        if aux["aux_loss"] is not None:
-            metrics["aux_loss"] = aux["aux_loss"]
-        metrics.update(aux["terms"])
-        task_metrics = _task_metrics(metrics_fn, aux["outputs"], targets, mask, extra)
-        if not regression:
-            metrics["accuracy"] = next(iter(task_metrics.values()))
-        metrics.update(task_metrics)
-        metrics.update(solver_metrics(aux["stats"], mask))
-        for name, value in read_stats_probe(probe_grad).items():
-            metrics[f"bwd_{name}"] = value
-        if jacobian is not None:
-            metrics["jacobian_weight"] = reg.weight_at(state.step)
-            metrics["jacobian_applied"] = applied
+        budgeted = _budgeted(objective, state, pi.budgets, budget_index)
+        slow = branches_are_slow(mesh)
+        result, applied = drawn_gradients(
+            reg, k_draw, state.step, budgeted, regularised, plain, gate=slow
+        )
+        (loss, aux), _ = result
+        extra = {k: batch[k] for k in extras}
+        metrics = _step_metrics(loss, aux, metrics_fn, batch, extra, regression)
         if pi.budgets:
             metrics["train_budget"] = jnp.asarray(pi.budgets, jnp.float32)[budget_index]
-        metrics["grad_norm"] = global_norm(grads)
-        metrics["param_norm"] = optax.tree.norm(state.params)
-        metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
-        state, metrics[SKIPPED] = apply_if_finite(state, loss, grads, aux["model_state"])
-        return state, metrics
+        return apply_update(state, result, metrics, schedule, reg, applied, aux["model_state"])
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
     return jax.jit(
