@@ -8,8 +8,8 @@ BUILD_NOTES.md, "Path independence"). Run it with::
 
     python -m launch.main --config configs/blurry_digits.py --workdir /tmp/blurry_digits
 
-The smoke variant (a tiny model, a few steps, still writing checkpoints and metrics;
-seconds)::
+The smoke variant (a tiny model, a few steps, still writing checkpoints and
+metrics)::
 
     python -m launch.main --config configs/blurry_digits.py:smoke --workdir /tmp/blurry_smoke
 

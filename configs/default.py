@@ -184,7 +184,7 @@ def hypersolver(config: ConfigDict, arg: str, budgets: dict | None = None, **fie
     Sets the shared ``neural_solver`` fields (ablations on), then ``fields``, and the
     budgets ``deq.neural_solver`` (``tol``, ``max_iter``, ``target_tol``,
     ``target_max_iter``) from ``budgets``; the smoke variant (``arg="smoke"``) shrinks
-    the fit to seconds (half its steps detached when the full fit detaches any).
+    the fit to 4 steps (half of them detached when the full fit detaches any).
     """
     ns = config.neural_solver
     ns.ablations = True

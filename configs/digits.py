@@ -9,7 +9,7 @@ Run it with::
     python -m launch.main --config configs/digits.py --workdir /tmp/digits \\
         --config.regularizer.jacobian_weight=1
 
-The smoke variant (a few steps, still writing checkpoints and metrics; seconds)::
+The smoke variant (a few steps, still writing checkpoints and metrics)::
 
     python -m launch.main --config configs/digits.py:smoke --workdir /tmp/digits_smoke
 

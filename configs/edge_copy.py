@@ -8,8 +8,8 @@ graph size). Results: BUILD_NOTES.md, "Path independence". Run it with::
 
     python -m launch.main --config configs/edge_copy.py --workdir /tmp/edge_copy
 
-The smoke variant (a tiny model, a few steps, still writing checkpoints and metrics;
-seconds)::
+The smoke variant (a tiny model, a few steps, still writing checkpoints and
+metrics)::
 
     python -m launch.main --config configs/edge_copy.py:smoke --workdir /tmp/edge_copy_smoke
 

@@ -30,7 +30,9 @@ narrower feed-forward (d_inner 192: 3.1x the DEQ's parameters); ``jacobian``: th
 Jacobian regulariser of Bai et al. 2021; ``pre_ln``: torchdeq's pre-LN cell;
 ``unrolled``: torchdeq's deq-lm recipe (K unrolled steps plus the fixed-point
 correction loss in training, a solve in evaluation); ``gpu``: a model sized for one
-accelerator; ``smoke``: seconds, for tests.
+accelerator; ``smoke``: for tests, a tiny model, 4 steps and 2 segments per split
+evaluated (40 s of CPU time, compilation included: 119 s on a 2-core CPU shared at
+load 11).
 
 Results: BUILD_NOTES.md, "DEQ-Transformer language model".
 

@@ -15,7 +15,8 @@ Adam at 2.5e-4 with 16k warm-up steps, 32k weight-tied warm-up steps, 300k steps
 batch 56). ``:jacobian`` adds the regularised pre-LN recipe of
 ``wt103_deq_transformer_preln_reg.sh`` (pre-LN, Jacobian weight 2, 14 forward and
 backward steps, memory 300, the term on 40% of the steps). ``:smoke`` shrinks
-everything to seconds (for tests, with a small file in the WikiText format).
+everything to a few steps of a tiny model (for tests, with a small file in the WikiText
+format).
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.

@@ -8,8 +8,8 @@ BUILD_NOTES.md, "Path independence". Run it with::
 
     python -m launch.main --config configs/matrix_inversion.py --workdir /tmp/matinv
 
-The smoke variant (a tiny model, a few steps, still writing checkpoints and metrics;
-seconds)::
+The smoke variant (a tiny model, a few steps, still writing checkpoints and
+metrics)::
 
     python -m launch.main --config configs/matrix_inversion.py:smoke --workdir /tmp/matinv_smoke
 

@@ -11,7 +11,7 @@ regularisation", which holds the results). Run it with::
     python -m launch.main --config configs/synthetic_1d.py --workdir /tmp/syn1d \\
         --config.regularizer.jacobian_weight=4
 
-The smoke variant (a few steps, still writing checkpoints and metrics; seconds)::
+The smoke variant (a few steps, still writing checkpoints and metrics)::
 
     python -m launch.main --config configs/synthetic_1d.py:smoke --workdir /tmp/syn1d_smoke
 
