@@ -12,12 +12,12 @@ import pytest
 from conftest import run_module, run_on_devices
 
 from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
-from deq_jax.training import writers
-from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint
+from deq_jax.training import family_for, train_and_evaluate, writers
+from deq_jax.training.lm_evaluate import check_token_ids, evaluate_lm_checkpoint
+from deq_jax.training.lm_family import REPORT_FILE, LanguageModelFamily
 from deq_jax.training.lm_generate import generate
 from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
-from deq_jax.training.lm_train import REPORT_FILE, train_language_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = (
@@ -53,8 +53,9 @@ def trained(corpus, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("lm"))
     lines = []
     config = smoke_config(corpus)
-    config.eval.max_batches = 0  # the final evaluation streams whole splits anyway
-    result = train_language_model(config, workdir, emit=lines.append)
+    config.eval.max_batches = 0  # the periodic evaluation streams whole splits
+    config.eval.report_max_batches = 0  # and so does the final one (smoke: 2 segments)
+    result = train_and_evaluate(config, workdir, emit=lines.append)
     return workdir, result, lines
 
 
@@ -75,7 +76,7 @@ def test_smoke_run_writes_report_checkpoints_and_metrics(trained):
     periodic = {r["split"] for r in records if r["split"] != "train" and r["step"] < result.step}
     assert periodic == {"valid"}
     assert {r["split"] for r in records if r["step"] == result.step} >= {"valid", "test"}
-    assert any("warm-up over" in line for line in lines)  # 2 weight-tied, then 2 DEQ steps
+    assert any("warm-up done" in line for line in lines)  # 2 weight-tied, then 2 DEQ steps
     assert os.path.exists(os.path.join(workdir, "vocab.json"))
 
 
@@ -141,8 +142,8 @@ def test_resume_is_exact(corpus, trained, tmp_path):
         config.eval.update(dict(every_steps=0, splits=("valid",)))
         return config
 
-    train_language_model(config(stop_at_step=2), str(tmp_path), emit=lambda _: None)
-    resumed = train_language_model(config(), str(tmp_path), emit=lambda _: None)
+    train_and_evaluate(config(stop_at_step=2), str(tmp_path), emit=lambda _: None)
+    resumed = train_and_evaluate(config(), str(tmp_path), emit=lambda _: None)
     jax.tree_util.tree_map(
         lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
         jax.device_get(resumed.state.params),
@@ -155,7 +156,7 @@ def test_weight_averaging_leaves_training_alone_and_logs_the_raw_weights(corpus,
     config = smoke_config(corpus, ema_decay=0.5)
     config.eval.update(dict(max_batches=0, score_raw_weights=True))
     lines = []
-    averaged = train_language_model(config, str(tmp_path), emit=lines.append)
+    averaged = train_and_evaluate(config, str(tmp_path), emit=lines.append)
     # The same trained weights, their average beside them. The two train steps are
     # different programs (the averaging's ops join the update), which XLA may round
     # differently; the average itself is far outside the tolerance.
@@ -188,7 +189,7 @@ def test_a_larger_train_steps_continues_and_keeps_the_time(corpus, trained, tmp_
     report_path.write_text(json.dumps(saved))
     config = smoke_config(corpus)
     config.train.steps += 2
-    result = train_language_model(config, str(run_dir), emit=lambda _: None)
+    result = train_and_evaluate(config, str(run_dir), emit=lambda _: None)
     assert result.step == config.train.steps
     report = json.loads(report_path.read_text())
     assert report["step"] == config.train.steps and report["train_seconds"] > 1000.0
@@ -208,7 +209,7 @@ def test_rerunning_a_finished_run_says_so_and_writes_nothing(corpus, trained):
 
     before = tree()
     lines = []
-    again = train_language_model(smoke_config(corpus), workdir, emit=lines.append)
+    again = train_and_evaluate(smoke_config(corpus), workdir, emit=lines.append)
     assert len(lines) == 1 and f"The run in {workdir} is finished (step 4" in lines[0]
     assert tree() == before
     assert again.step == 4
@@ -223,7 +224,7 @@ def test_other_vocabulary_is_refused(trained, tmp_path):
     other = tmp_path / "other.txt"
     other.write_text("completely different text 0123456789 " * 200, encoding="utf-8")
     with pytest.raises(VocabularyMismatchError, match="another vocabulary"):
-        train_language_model(smoke_config(str(other)), workdir, emit=lambda _: None)
+        train_and_evaluate(smoke_config(str(other)), workdir, emit=lambda _: None)
 
 
 def test_generate_with_memory_and_warm_start(corpus, trained):
@@ -334,7 +335,7 @@ import json, sys
 import jax
 from configs import lm_shakespeare
 from deq_jax.training import writers
-from deq_jax.training.lm_train import train_language_model
+from deq_jax.training import train_and_evaluate
 
 workdir, corpus = sys.argv[1], sys.argv[2]
 config = lm_shakespeare.get_config("smoke")
@@ -349,7 +350,7 @@ config.eval.every_steps = 0
 config.eval.splits = ("valid",)
 config.eval.batch_size = 8
 config.ckpt.every_steps = 4
-result = train_language_model(config, workdir, emit=lambda line: None)
+result = train_and_evaluate(config, workdir, emit=lambda line: None)
 losses = [r["loss"] for r in writers.read_metrics(workdir) if r["split"] == "train"]
 valid = result.eval_metrics["valid"]
 print("RESULT " + json.dumps({"devices": jax.device_count(), "losses": losses,
@@ -384,14 +385,14 @@ def test_same_numbers_on_one_and_eight_devices(corpus, tmp_path):
 def test_variants_train(corpus, tmp_path, arg):
     config = smoke_config(corpus, arg, steps=2)
     config.eval.max_batches = 1
-    result = train_language_model(config, str(tmp_path), emit=lambda _: None)
+    result = train_and_evaluate(config, str(tmp_path), emit=lambda _: None)
     assert np.isfinite(result.eval_metrics["valid"]["bpc"])
 
 
 def test_jacobian_term_needs_a_training_solve(corpus, tmp_path):
     config = smoke_config(corpus, "smoke,unrolled,jacobian", steps=2)
     with pytest.raises(ValueError, match="trains without a solve"):
-        train_language_model(config, str(tmp_path), emit=lambda _: None)
+        train_and_evaluate(config, str(tmp_path), emit=lambda _: None)
 
 
 @pytest.mark.slow
@@ -404,7 +405,7 @@ def test_wikitext_smoke(tmp_path):
     config = lm_wikitext103.get_config("smoke")
     config.task.path = str(tmp_path)
     config.log.tensorboard = False
-    result = train_language_model(config, str(tmp_path / "run"), emit=lambda _: None)
+    result = train_and_evaluate(config, str(tmp_path / "run"), emit=lambda _: None)
     assert np.isfinite(result.eval_metrics["valid"]["ppl"])
 
 
@@ -428,3 +429,34 @@ def test_lm_table_over_seeds(trained, tmp_path):
     assert "| deq | 2 |" in lm_table.markdown([row])
     with pytest.raises(FileNotFoundError, match="did not finish"):
         lm_table.read_run(str(tmp_path))
+
+
+def test_the_one_loop_picks_the_language_model_family(corpus):
+    from configs import prefix_sum
+    from deq_jax.training import TaskFamily
+
+    assert isinstance(family_for(smoke_config(corpus)), LanguageModelFamily)
+    assert isinstance(family_for(prefix_sum.get_config("smoke")), TaskFamily)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused_before_the_step():
+    batch = {"inputs": np.array([[0, 3], [1, 2]]), "targets": np.array([[3, 1], [2, 4]])}
+    check_token_ids(batch, vocab_size=5)
+    with pytest.raises(ValueError, match=r"targets must lie in \[0, vocab_size=4\)"):
+        check_token_ids(batch, vocab_size=4)
+    with pytest.raises(ValueError, match="inputs"):
+        check_token_ids(dict(batch, inputs=np.array([[-1, 0], [0, 0]])), vocab_size=5)
+
+
+def test_the_final_report_reads_report_max_batches_segments(corpus, tmp_path):
+    config = smoke_config(corpus, steps=2, pretrain_steps=0)
+    config.eval.update(dict(every_steps=0, report_max_batches=1))
+    lines = []
+    result = train_and_evaluate(config, str(tmp_path), emit=lines.append)
+    segment = config.eval.batch_size * (config.eval.seq_len or config.train.seq_len)
+    for split in ("valid", "test"):
+        assert 0 < result.eval_metrics[split]["tokens"] <= segment
+    assert any("on the first 1 segments of ('valid', 'test')" in line for line in lines)
+    assert not any("Per-length" in line for line in lines)
+    with open(os.path.join(str(tmp_path), REPORT_FILE)) as f:
+        assert json.load(f)["eval"]["test"]["tokens"] == result.eval_metrics["test"]["tokens"]

@@ -1,8 +1,9 @@
 """What a task family brings to the one training loop (`deq_jax.training.train`).
 
-The loop (finished-run check, periodic evaluation, best-checkpoint selection, non-finite
-skipping, checkpoints, the final report) is the same for every family; a `Family` says
-what differs, the way the flax examples' ``train.py`` takes a model and a dataset:
+The loop (`deq_jax.training.loop`: finished-run check, periodic evaluation,
+best-checkpoint selection, non-finite skipping, checkpoints, the final report) is the
+same for every family; a `Family` says what differs, the way the flax examples'
+``train.py`` takes a model and a dataset:
 
 * `Family.setup`: the run (`deq_jax.training.setup.Run`), with the ``carry`` threaded
   from step to step (``None`` for the tasks; the language model's segment memory);
@@ -10,7 +11,8 @@ what differs, the way the flax examples' ``train.py`` takes a model and a datase
   warm-up (``train.pretrain_steps``) or the main phase;
 * `Family.checkpoint_item`: what a checkpoint holds (the state, or state and carry);
 * `Family.final_report`: the report of the selected state, written to
-  `Family.report_file`.
+  `Family.report_file`;
+* `Family.evaluate_checkpoint`: a saved checkpoint scored at any budgets.
 
 Two families exist: `deq_jax.training.task_family.TaskFamily` (every `deq_jax.tasks`
 task but text) and `deq_jax.training.lm_family.LanguageModelFamily`.
@@ -87,13 +89,15 @@ class Family(abc.ABC):
         """Scores the selected state ``scored`` at the end of training and writes the
         report; returns ``({split: metrics} at the eval budget, report)``.
 
-        ``loop`` is the training loop's `deq_jax.training.train.Loop`: its ``config``,
-        ``workdir``, ``run``, ``writer``, ``best``, ``emit``, ``evaluate`` and
-        ``report_extra`` are what a report needs.
+        ``loop`` is the training loop's `deq_jax.training.loop.Loop`: its ``config``,
+        ``workdir``, ``run``, ``writer``, ``best``, ``emit``, ``lead`` (the process
+        that writes), ``phases``, ``periodic_splits``, ``previous`` (the report of the
+        run this one continues), ``report_extra`` (``step``, ``best``,
+        ``train_seconds``) and ``evaluate`` are what a report needs.
         """
 
     @abc.abstractmethod
-    def evaluate_checkpoint(self, config: Any, workdir: str, **options: Any) -> dict:
+    def evaluate_checkpoint(self, config: Any, workdir: str, *args: Any, **options: Any) -> dict:
         """Scores a saved checkpoint (`deq_jax.training.train.evaluate_checkpoint`)."""
 
     @abc.abstractmethod

@@ -157,8 +157,8 @@ class LanguageModelFamily(Family):
         write_json(path, report, indent=2)
         loop.emit(f"Wrote {path}")
 
-    def evaluate_checkpoint(self, config: Any, workdir: str, **options: Any) -> dict:
-        return evaluate_lm_checkpoint(config, workdir, **options)
+    def evaluate_checkpoint(self, config: Any, workdir: str, *args: Any, **options: Any) -> dict:
+        return evaluate_lm_checkpoint(config, workdir, *args, **options)
 
     def saved_report(self, previous: Mapping[str, Any]) -> dict:
         return previous["eval"]

@@ -157,8 +157,8 @@ class TaskFamily(Family):
                 eval_metrics.update(full)
         return eval_metrics, report
 
-    def evaluate_checkpoint(self, config: Any, workdir: str, **options: Any) -> dict:
-        return evaluate.evaluate_task_checkpoint(config, workdir, **options)
+    def evaluate_checkpoint(self, config: Any, workdir: str, *args: Any, **options: Any) -> dict:
+        return evaluate.evaluate_task_checkpoint(config, workdir, *args, **options)
 
     def saved_report(self, previous: Mapping[str, Any]) -> dict:
         return previous["report"]

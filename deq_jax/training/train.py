@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -179,28 +179,21 @@ def train_and_evaluate(
         loop.close()
 
 
-def evaluate_checkpoint(
-    config: Any,
-    workdir: str,
-    splits: Sequence[str] = (),
-    max_iters: Sequence[int] = (),
-    emit: Callable[[str], None] = print,
-    checkpoint: str = "",
-    **options: Any,
-) -> dict[str, dict[str, dict]]:
+def evaluate_checkpoint(config: Any, workdir: str, *args: Any, **options: Any) -> dict:
     """Scores a checkpoint of ``workdir`` (the best on validation if the run has one,
-    else the latest) on any splits and solver budgets, whatever the family.
+    else the latest) on any splits and solver budgets, whatever the family: the
+    family's own (`Family.evaluate_checkpoint`) with the same arguments.
 
     Args:
       config: the configuration the run was trained with.
       workdir: the run's directory.
-      splits: the splits; empty means every eval split of the task.
-      max_iters: solver budgets; empty means the family's (the tasks' report budgets,
-        the language model's eval budget).
-      emit: receives a line per split and budget, then the table.
-      checkpoint: ``"best"``, ``"last"`` or ``""`` (the best if there is one).
-      **options: ``max_batches`` (the first batches of each split; 0: all), ``exclude``
-        (a language model's characters scored apart,
+      *args: ``splits`` (empty: every eval split of the task) and ``max_iters`` (empty:
+        the family's budgets: the tasks' report budgets, the language model's eval
+        budget), as positions or keywords.
+      **options: ``emit`` (a line per split and budget, then the table),
+        ``checkpoint`` (``"best"``, ``"last"`` or ``""``: the best if there is one),
+        ``max_batches`` (the first batches of each split; 0: all), ``exclude`` (a
+        language model's characters scored apart,
         `deq_jax.training.lm_evaluate.evaluate_lm_checkpoint`) and a task's ``run``
         (`deq_jax.training.evaluate.evaluate_task_checkpoint`).
 
@@ -212,13 +205,5 @@ def evaluate_checkpoint(
       ValueError: for an unknown ``checkpoint`` or an option the family lacks.
       CheckpointMismatchError: if the checkpoint does not fit the config's model.
     """
-    family = family_for(config, emit)
-    return family.evaluate_checkpoint(
-        config,
-        workdir,
-        splits=splits,
-        max_iters=max_iters,
-        emit=emit,
-        checkpoint=checkpoint,
-        **options,
-    )
+    family = family_for(config, options.get("emit", print))
+    return family.evaluate_checkpoint(config, workdir, *args, **options)
