@@ -4,7 +4,7 @@ The config is the model's own (task, model, deq, ... sections) plus a ``neural_s
 section whose ``deq_workdir`` names the trained model's workdir. One run serves every
 family (`deq_jax.training.solver_run.fit_solvers`); `solver_family` picks what differs:
 
-* `TASKS`, the task models (`deq_jax.training.setup`): training batches as the task
+* `TASKS`, the task models (`deq_jax.training.task_family`): training batches as the task
   gives them; the comparison scores the eval splits (``eval.batch_size``,
   ``eval.max_batches``) and prints the accuracies (or the error) per split;
 * `deq_jax.training.lm_hypersolver.LANGUAGE`, the language model: training segments
@@ -24,9 +24,8 @@ from typing import Any
 
 from flax import linen as nn
 
-from deq_jax.training.evaluate import Evaluator, read_train_seconds
+from deq_jax.training.evaluate import Evaluator
 from deq_jax.training.lm_hypersolver import LANGUAGE
-from deq_jax.training.setup import setup
 from deq_jax.training.solver_fit import NeuralSolverSpec
 from deq_jax.training.solver_run import (
     REPORT_FILE,
@@ -36,6 +35,8 @@ from deq_jax.training.solver_run import (
     load_solvers,
     read_solver_report,
 )
+from deq_jax.training.task_family import TaskFamily
+from deq_jax.training.train import family_for
 
 __all__ = [
     "REPORT_FILE",
@@ -83,19 +84,26 @@ TASKS = SolverFamily(
     short="DEQ",
     train_hint="python -m launch.main --config configs/<task>.py --workdir DIR, "
     "without the neural_solver section",
-    setup=setup,
+    training=TaskFamily,
     extras=lambda run: run.task.batch_extras,
     batches=_task_batches,
-    train_seconds=read_train_seconds,
     score=_task_score,
     eval_lines=_task_lines,
 )
 
 
 def solver_family(config: Any) -> SolverFamily:
-    """The family of ``config``'s model: `LANGUAGE` for a language model (its ``train``
-    section streams segments of ``seq_len`` tokens), `TASKS` otherwise."""
-    return LANGUAGE if "seq_len" in config.train else TASKS
+    """The family of ``config``'s model: the one whose `SolverFamily.training` is the
+    family the training loop picks for it (`deq_jax.training.train.family_for`).
+
+    Raises:
+      ValueError: for a training family without a neural-solver fit.
+    """
+    training = type(family_for(config))
+    for family in (TASKS, LANGUAGE):
+        if family.training is training:
+            return family
+    raise ValueError(f"No neural-solver fit for models trained by {training.__name__}.")
 
 
 def train_hypersolver(

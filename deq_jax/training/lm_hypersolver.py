@@ -3,9 +3,9 @@
 `deq_jax.training.hypersolver.train_hypersolver` fits a solver to a trained
 DEQ-Transformer language model with this family (``configs/lm_shakespeare_hypersolver.py``):
 
-1. the LM is restored with `setup_language_model`; its frozen DEQ's initialiser reads
-   the injection of the DEQ's input, and the segment memory rides along in the cell's
-   arguments (the batch key `MEMS`);
+1. the LM is restored as its training restores it (`LanguageModelFamily`); its frozen
+   DEQ's initialiser reads the injection of the DEQ's input, and the segment memory
+   rides along in the cell's arguments (the batch key `MEMS`);
 2. the fixed points come from training segments streamed with their memory, as in
    training (`segments_with_memory`);
 3. the solver is HyperAnderson with each residual compressed per sequence by ``pool``
@@ -24,17 +24,14 @@ References:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 from flax import linen as nn
 
-from deq_jax.training.evaluate import read_train_seconds
 from deq_jax.training.lm_evaluate import StreamEvaluator
-from deq_jax.training.lm_setup import setup_language_model
-from deq_jax.training.lm_train import REPORT_FILE as LM_REPORT_FILE
+from deq_jax.training.lm_family import LanguageModelFamily
 from deq_jax.training.solver_fit import NeuralSolverSpec
 from deq_jax.training.solver_run import HyperSolverRun, SolverFamily, fit_solvers, load_solvers
 
@@ -92,10 +89,9 @@ LANGUAGE = SolverFamily(
     what="language model",
     short="LM",
     train_hint="python -m launch.main --config configs/lm_shakespeare.py --workdir DIR",
-    setup=setup_language_model,
+    training=LanguageModelFamily,
     extras=lambda run: (MEMS,),
     batches=_segments,
-    train_seconds=functools.partial(read_train_seconds, report_file=LM_REPORT_FILE),
     score=score_stream,
     eval_lines=_lines,
     twice_unroll=True,

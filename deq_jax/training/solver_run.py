@@ -43,6 +43,8 @@ from deq_jax.neural_solver.state_shape import check_state_shape, state_shape_of
 from deq_jax.neural_solver.state_shape import to_json as state_shape_json
 from deq_jax.solvers.anderson import anderson
 from deq_jax.training.checkpoint import Checkpointer
+from deq_jax.training.evaluate import read_train_seconds
+from deq_jax.training.family import Family
 from deq_jax.training.frozen_deq import FrozenDEQ
 from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
 from deq_jax.training.writers import write_json
@@ -64,14 +66,12 @@ class SolverFamily:
       what: the model's name in messages ("DEQ", "language model").
       short: its name in the size-and-time line ("DEQ", "LM").
       train_hint: the command that trains one, for the error messages.
-      setup: ``(config, workdir) -> run``: builds the model and restores its latest
-        checkpoint; the run has ``model``, ``task``, ``mesh``, ``state``,
-        ``start_step`` and ``checkpointer``.
+      training: the training loop's `deq_jax.training.family.Family` of the model: its
+        ``setup`` restores the trained model (a `deq_jax.training.setup.Run`), its
+        ``report_file`` holds the training time.
       extras: ``run -> batch keys`` that reach the cell as model keywords.
       batches: ``(config, run, variables, spec) -> batches`` that `FrozenDEQ.targets`
         solves (dicts with ``"inputs"`` and the ``extras``).
-      train_seconds: ``deq_workdir -> seconds`` the model trained for (``None``:
-        unknown).
       score: ``(config, run, model, max_iter) -> metrics`` of one model with its
         solver at ``max_iter`` (a tree of numbers).
       eval_lines: ``(comparison, run) -> lines`` that summarise `compare`'s result.
@@ -82,10 +82,9 @@ class SolverFamily:
     what: str
     short: str
     train_hint: str
-    setup: Callable[[Any, str], Any]
+    training: type[Family]
     extras: Callable[[Any], tuple[str, ...]]
     batches: Callable[[Any, Any, Any, NeuralSolverSpec], Iterator[dict[str, Any]]]
-    train_seconds: Callable[[str], float | None]
     score: Callable[[Any, Any, nn.Module, int], Any]
     eval_lines: Callable[[dict[str, Any], Any], list[str]]
     twice_unroll: bool = False
@@ -126,7 +125,7 @@ def restore_frozen(
         raise ValueError(
             f"Set --config.neural_solver.deq_workdir to the workdir of a trained {what} ({hint})."
         )
-    run = family.setup(config, spec.deq_workdir)
+    run = family.training().setup(config, spec.deq_workdir)
     run.checkpointer.close()
     if run.start_step == 0:
         raise ValueError(
@@ -286,7 +285,7 @@ def fit_solvers(
         fits,
         deq_params=count_params(run.state.params),
         target_seconds=target_seconds,
-        deq_seconds=family.train_seconds(spec.deq_workdir),
+        deq_seconds=read_train_seconds(spec.deq_workdir, family.training.report_file),
         evaluation=compare(family, config, run, frozen, fits["hyper_anderson"], spec),
     )
     path = os.path.join(workdir, REPORT_FILE)
