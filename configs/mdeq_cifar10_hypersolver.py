@@ -26,7 +26,7 @@ from configs import default, mdeq_cifar10
 def get_config(arg: str | None = None) -> ConfigDict:
     """The CIFAR-10 MDEQ solver config; ``arg``: the variants of `configs.mdeq_cifar10`."""
     config = mdeq_cifar10.get_config(arg)
-    smoke = "smoke" in (arg or "").split(",")
+    smoke = "smoke" in default.variants(arg, mdeq_cifar10.VARIANTS)
     return default.hypersolver(
         config,
         "smoke" if smoke else "",
