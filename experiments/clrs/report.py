@@ -51,7 +51,7 @@ Usage::
         [--algorithms=bellman_ford,bfs --modes=deq,fixed_steps --steps=2000 --smoke]
         [--set=regularizer.jacobian_weight=0.1 --set=model.processor=triplet_mpnn]
         [--answer_steps] [--seeds=0,1,2]
-    python -m experiments.clrs.report --workdir /tmp/clrs_all \
+    python -m experiments.clrs.report --workdir /tmp/clrs_all \\
         --combine=/tmp/seed0/clrs_report.json,/tmp/seed1/clrs_report.json
 
 References:
