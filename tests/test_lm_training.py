@@ -458,5 +458,6 @@ def test_the_final_report_reads_report_max_batches_segments(corpus, tmp_path):
         assert 0 < result.eval_metrics[split]["tokens"] <= segment
     assert any("on the first 1 segments of ('valid', 'test')" in line for line in lines)
     assert not any("Per-length" in line for line in lines)
+    assert any(line.startswith("bpc per split at the eval budget") for line in lines)
     with open(os.path.join(str(tmp_path), REPORT_FILE)) as f:
         assert json.load(f)["eval"]["test"]["tokens"] == result.eval_metrics["test"]["tokens"]

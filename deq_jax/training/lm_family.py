@@ -131,7 +131,7 @@ class LanguageModelFamily(Family):
         budget = config.deq.eval_max_iter or config.deq.train_max_iter
         keys = [task.headline, "nstep_mean", "converged"]
         emit(
-            f"Final evaluation (the eval budget, {budget} iterations, for the DEQ):\n"
+            f"{task.headline} per split at the eval budget ({budget} iterations):\n"
             + format_report({"eval": eval_metrics}, keys)
         )
         if loop.lead:
