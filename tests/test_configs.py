@@ -243,13 +243,13 @@ def _passes_on_a_callers_dict(frame):
         call = ast.parse(line).body[0].value
     except (SyntaxError, AttributeError, IndexError):
         return False
-    code = frame.f_code
-    count = code.co_argcount + code.co_kwonlyargcount
-    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
     if not (isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "update"):
         return False
     arg = call.args[0] if len(call.args) == 1 else None
-    arg = arg.values[0] if isinstance(arg, ast.BoolOp) else arg
+    arg = arg.values[0] if isinstance(arg, ast.BoolOp) else arg  # ``update(x or {})``
+    code = frame.f_code  # the parameters come first in co_varnames
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
     return isinstance(arg, ast.Name) and arg.id in code.co_varnames[:count]
 
 
@@ -272,7 +272,7 @@ def _no_op_writes(monkeypatch, builds, root):
 
     def record(self, key, value):
         site = _write_site(sys._getframe(1), root)
-        old = self._fields.get(key) if key in self else None
+        old = self._fields.get(key)
         if site is not None and key in self:
             if isinstance(old, ConfigDict):
                 if isinstance(value, dict | ConfigDict) and set(old) <= set(value):
@@ -296,7 +296,7 @@ def test_no_config_writes_a_default(monkeypatch):
     assert not no_ops, "These config writes set a field to the value it has:\n" + "\n".join(no_ops)
 
 
-def _writes_a_default(arg=None):
+def _writes_a_default():
     config = default.get_config()
     config.train.steps = 2_000  # a change
     config.train.update(dict(batch_size=64, seed=1))  # batch_size: 64 already
