@@ -61,7 +61,7 @@ _MAX_BATCHES = flags.DEFINE_integer(
     "max_batches",
     0,
     "The first this many eval batches of each split (the same ones at every budget); "
-    "0: whole splits. Not for language models, which stream whole splits.",
+    "0: whole splits (a language model's first segments, streamed with the memory).",
     lower_bound=0,
 )
 
@@ -82,26 +82,22 @@ def main(argv: Sequence[str]) -> None:
             flush=True,
         )
         sys.exit(2)
-    evaluate, extra = evaluate_checkpoint, dict(max_batches=_MAX_BATCHES.value)
-    if launch_flags.is_language_model(config):  # whole splits streamed with the memory
-        from deq_jax.training.lm_evaluate import evaluate_lm_checkpoint as evaluate
-
-        extra = dict(exclude=_EXCLUDE.value)
-        if _MAX_BATCHES.value:
-            print("FATAL --max_batches: a language model streams whole splits.", file=sys.stderr)
-            sys.exit(2)
-    elif _EXCLUDE.value:
-        print("FATAL --exclude applies to a language model's config.", file=sys.stderr)
+    options = dict(max_batches=_MAX_BATCHES.value)
+    if _EXCLUDE.value:  # the family refuses it where it does not apply (tasks)
+        options["exclude"] = _EXCLUDE.value
+    try:
+        report = evaluate_checkpoint(
+            config,
+            workdir,
+            splits=_SPLITS.value,
+            max_iters=[int(k) for k in _MAX_ITERS.value],
+            emit=functools.partial(print, flush=True),
+            checkpoint=_CHECKPOINT.value,
+            **options,
+        )
+    except ValueError as e:
+        print(f"FATAL {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    report = evaluate(
-        config,
-        workdir,
-        splits=_SPLITS.value,
-        max_iters=[int(k) for k in _MAX_ITERS.value],
-        emit=functools.partial(print, flush=True),
-        checkpoint=_CHECKPOINT.value,
-        **extra,
-    )
     path = _OUTPUT.value or os.path.join(workdir, "evaluation.json")
     write_json(path, report, indent=2, sort_keys=True)
     print(f"Wrote {path}", flush=True)

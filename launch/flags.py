@@ -118,11 +118,6 @@ def checked_config() -> ConfigDict:
     return config
 
 
-def is_language_model(config: ConfigDict) -> bool:
-    """Whether ``config`` trains a language model (segments with memory)."""
-    return "seq_len" in config.train
-
-
 def reject_arguments(argv: Sequence[str]) -> None:
     """Raises `absl.app.UsageError` on positional arguments (every option is a flag)."""
     if len(argv) > 1:

@@ -36,23 +36,14 @@ def main(argv: Sequence[str]) -> None:
 
 
 def _train(config: ConfigDict, emit: Callable[[str], None]) -> None:
-    """Runs the training ``config`` describes (DEQ, language model or neural solver)."""
-    language = launch_flags.is_language_model(config)
-    if config.get("neural_solver", {}).get("deq_workdir", "") and language:
-        from deq_jax.training.lm_hypersolver import train_lm_hypersolver
+    """Runs the training ``config`` describes: a neural-solver fit when it names the
+    frozen DEQ's run (``neural_solver.deq_workdir``), else the model's training; the
+    library picks the family (task, image or language model) from the config."""
+    from deq_jax.training import train_and_evaluate, train_hypersolver
 
-        train_lm_hypersolver(config, launch_flags.WORKDIR.value, emit=emit)
-    elif config.get("neural_solver", {}).get("deq_workdir", ""):
-        from deq_jax.training import train_hypersolver
-
+    if config.get("neural_solver", {}).get("deq_workdir", ""):
         train_hypersolver(config, launch_flags.WORKDIR.value, emit=emit)
-    elif language:
-        from deq_jax.training.lm_train import train_language_model
-
-        train_language_model(config, launch_flags.WORKDIR.value, emit=emit)
     else:
-        from deq_jax.training import train_and_evaluate
-
         train_and_evaluate(config, launch_flags.WORKDIR.value, emit=emit)
 
 

@@ -25,7 +25,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from configs import clrs_base
+from configs import clrs as clrs_configs
 from deq_jax import tasks
 from deq_jax.models import clrs
 
@@ -142,7 +142,7 @@ def test_generator_sampler_keeps_the_earlier_graphs(algorithm):
 
 @pytest.mark.parametrize("algorithm", clrs.ALGORITHMS)
 def test_every_clrs_config_draws_the_official_splits(algorithm):
-    config = clrs_base.clrs_config(algorithm)
+    config = clrs_configs.clrs_config(algorithm)
     assert config.task.sampler == "clrs30"
     task = config.task
     assert (task.train_size, task.train_nodes, task.eval_size, task.multiplier) == (1000, 16, 32, 1)
@@ -150,7 +150,7 @@ def test_every_clrs_config_draws_the_official_splits(algorithm):
 
 
 def test_bellman_ford_config_tests_on_the_official_test_split():
-    fields = {k: v for k, v in clrs_base.clrs_config("bellman_ford").task.items() if k != "name"}
+    fields = {k: v for k, v in clrs_configs.clrs_config("bellman_ford").task.items() if k != "name"}
     task = tasks.get("clrs", **{**fields, "train_size": 4})
     arrays = task.source("test_64")
     assert arrays["targets"].shape == (32, 64)

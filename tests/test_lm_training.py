@@ -13,10 +13,10 @@ from conftest import run_module, run_on_devices
 
 from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
 from deq_jax.training import family_for, train_and_evaluate, writers
+from deq_jax.training.hypersolver import train_hypersolver
 from deq_jax.training.lm_evaluate import check_token_ids, evaluate_lm_checkpoint
 from deq_jax.training.lm_family import REPORT_FILE, LanguageModelFamily
 from deq_jax.training.lm_generate import generate
-from deq_jax.training.lm_hypersolver import train_lm_hypersolver
 from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -293,7 +293,7 @@ def _solver_config(corpus, workdir):
 def test_lm_solver_without_a_trained_model_says_what_to_do(corpus, tmp_path):
     config = _solver_config(corpus, str(tmp_path / "empty"))
     with pytest.raises(ValueError, match="train the language model there first"):
-        train_lm_hypersolver(config, str(tmp_path / "solver"), emit=lambda _: None)
+        train_hypersolver(config, str(tmp_path / "solver"), emit=lambda _: None)
 
 
 @pytest.mark.slow
@@ -301,7 +301,7 @@ def test_neural_solver_fit_on_the_language_model(corpus, trained, tmp_path):
     workdir, _, _ = trained
     config = _solver_config(corpus, workdir)
     config.neural_solver.ablations = False
-    run = train_lm_hypersolver(config, str(tmp_path), emit=lambda _: None)
+    run = train_hypersolver(config, str(tmp_path), emit=lambda _: None)
     report = run.report
     assert report["state_shape"] == [config.train.seq_len, config.model.d_model]
     assert report["input_shape"][-1] == 3 * config.model.d_model  # reads the injection
@@ -318,7 +318,7 @@ def test_solver_sweep_on_the_language_model(corpus, trained, tmp_path):
 
     workdir, _, _ = trained
     config = _solver_config(corpus, workdir)
-    run = train_lm_hypersolver(config, str(tmp_path), emit=lambda _: None)
+    run = train_hypersolver(config, str(tmp_path), emit=lambda _: None)
     assert set(run.solvers) == {"hyper_anderson", "no_init", "ls_alpha"}
     pareto = run_pareto(
         config, str(tmp_path), budgets=(2,), repeats=1, max_batches=2, emit=lambda _: None

@@ -40,7 +40,6 @@ from deq_jax.training.frozen_deq import FrozenDEQ, Targets
 from deq_jax.training.hypersolver import HyperSolverRun, load_hypersolver, train_hypersolver
 from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.lm_family import LanguageModelFamily
-from deq_jax.training.lm_train import train_language_model
 from deq_jax.training.metrics import classification_loss, regression_loss
 from deq_jax.training.optim import make_optimizer, make_schedule
 from deq_jax.training.regularizer import JacobianRegularizer
@@ -104,6 +103,5 @@ __all__ = [
     "sharding",
     "train_and_evaluate",
     "train_hypersolver",
-    "train_language_model",
     "train_neural_solver",
 ]

@@ -24,7 +24,7 @@ References:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -33,7 +33,7 @@ from flax import linen as nn
 from deq_jax.training.lm_evaluate import StreamEvaluator
 from deq_jax.training.lm_family import LanguageModelFamily
 from deq_jax.training.solver_fit import NeuralSolverSpec
-from deq_jax.training.solver_run import HyperSolverRun, SolverFamily, fit_solvers, load_solvers
+from deq_jax.training.solver_run import SolverFamily
 
 # The batch key under which the segment memory reaches the model (a model keyword).
 MEMS = "mems"
@@ -96,17 +96,3 @@ LANGUAGE = SolverFamily(
     eval_lines=_lines,
     twice_unroll=True,
 )
-
-
-def train_lm_hypersolver(
-    config: Any, workdir: str, *, emit: Callable[[str], None] = print
-) -> HyperSolverRun:
-    """`fit_solvers` with `LANGUAGE` (what ``train_hypersolver`` runs for an LM config)."""
-    return fit_solvers(LANGUAGE, config, workdir, emit)
-
-
-def load_lm_hypersolver(
-    config: Any, workdir: str, emit: Callable[[str], None] = print
-) -> HyperSolverRun:
-    """`load_solvers` with `LANGUAGE` (what ``load_hypersolver`` runs for an LM config)."""
-    return load_solvers(LANGUAGE, config, workdir, emit)

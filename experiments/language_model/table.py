@@ -6,7 +6,7 @@ Usage::
         --group weight_tied=/tmp/wt_s0,/tmp/wt_s1,/tmp/wt_s2
 
 Reads each workdir's ``lm_report.json`` (written at the end of
-`deq_jax.training.train_language_model`) and its ``metrics.jsonl`` (the backward solver
+`deq_jax.training.train_and_evaluate`) and its ``metrics.jsonl`` (the backward solver
 steps of the last logged training steps), and prints a Markdown table: per group the
 number of seeds, parameters, validation and test bits per character (or perplexity) as
 mean +- standard deviation over the seeds, the forward solver steps per segment on the

@@ -313,18 +313,16 @@ def run_pareto(
     emit: Callable[[str], None] = print,
 ) -> dict:
     """Sweeps, summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
-    from deq_jax.training.hypersolver import load_hypersolver
-    from deq_jax.training.lm_hypersolver import load_lm_hypersolver
+    from deq_jax.training.hypersolver import load_hypersolver, solver_family
+    from deq_jax.training.lm_hypersolver import LANGUAGE
     from experiments.neural_solver.plots import plot_pareto
 
-    language = "seq_len" in config.train
-    if language:
-        hyper = load_lm_hypersolver(config, workdir, emit)
+    hyper = load_hypersolver(config, workdir, emit)
+    if solver_family(config) is LANGUAGE:  # segments streamed with their memory
         seq_len = config.eval.seq_len or config.train.seq_len
         sweep_fn = functools.partial(sweep_lm, seq_len=seq_len)
         curves_fn = functools.partial(residual_curves_lm, seq_len=seq_len)
     else:
-        hyper = load_hypersolver(config, workdir, emit)
         sweep_fn, curves_fn = sweep, residual_curves
     split = split or hyper.deq.task.eval_splits[0]
     unroll = int(hyper.report["spec"]["unroll_steps"])
