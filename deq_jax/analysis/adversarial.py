@@ -70,6 +70,33 @@ def unrolled_run(f: Callable[[Any, Any], Any], z0: Any, args: Any, steps: int) -
     return z
 
 
+def _random_start(key: jax.Array, like: Any, scale: float) -> Any:
+    """A Gaussian start with std ``scale``, shaped like the state ``like``."""
+    leaves, treedef = jax.tree_util.tree_flatten(like)
+    keys = jax.random.split(key, len(leaves))
+    noise = [
+        scale * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, noise)
+
+
+def _lbfgs_minimise(objective: Callable[[Any], jax.Array], start: Any, iters: int) -> Any:
+    """``iters`` L-BFGS steps (`optax.lbfgs`) on ``objective`` from ``start``, as a scan."""
+    optimizer = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(objective)
+
+    def body(carry, _):
+        params, state = carry
+        value, grad = value_and_grad(params, state=state)
+        updates, state = optimizer.update(
+            grad, state, params, value=value, grad=grad, value_fn=objective
+        )
+        return (optax.apply_updates(params, updates), state), None
+
+    (params, _), _ = jax.lax.scan(body, (start, optimizer.init(start)), None, length=iters)
+    return params
+
+
 def adversarial_aa(
     f: Callable[[Any, Any], Any],
     z0: Any,
@@ -111,35 +138,13 @@ def adversarial_aa(
     def objective(start):
         return jnp.sum(per_sample_cosine(unrolled_run(f, start, args, steps), reference))
 
-    optimizer = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(objective)
-
-    def optimise(start):
-        def body(carry, _):
-            params, state = carry
-            value, grad = value_and_grad(params, state=state)
-            updates, state = optimizer.update(
-                grad, state, params, value=value, grad=grad, value_fn=objective
-            )
-            return (optax.apply_updates(params, updates), state), None
-
-        (params, _), _ = jax.lax.scan(
-            body, (start, optimizer.init(start)), None, length=lbfgs_iters
-        )
-        return params
-
-    leaves, treedef = jax.tree_util.tree_flatten(z0)
+    leaves = jax.tree_util.tree_leaves(z0)
     worst_cos = jnp.full((leaves[0].shape[0],), jnp.inf, leaves[0].dtype)
     worst_fp, worst_start = reference, z0
     worst_diverged = jnp.zeros(worst_cos.shape, bool)
     for restart_key in jax.random.split(key, restarts):
-        keys = jax.random.split(restart_key, len(leaves))
-        noise = [
-            init_scale * jax.random.normal(k, x.shape, x.dtype)
-            for k, x in zip(keys, leaves, strict=True)
-        ]
-        random_start = jax.tree_util.tree_unflatten(treedef, noise)
-        optimised = optimise(random_start)
+        random_start = _random_start(restart_key, z0, init_scale)
+        optimised = _lbfgs_minimise(objective, random_start, lbfgs_iters)
         start = _per_sample_where(_finite_per_sample(optimised), optimised, random_start)
         solution = solve(start)
         attacked = solution.value

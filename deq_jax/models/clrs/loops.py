@@ -172,35 +172,58 @@ def run_fixed_steps(
     if train:
         if total < 2:
             raise ValueError("fixed_steps training needs hint trajectories with T >= 2 steps.")
-        truths = {k: jnp.moveaxis(v[:, 1:], 1, 0) for k, v in hints.items()}  # [T - 1, B, ...]
-
-        def body(carry, xs):
-            z, fed, penalty, last = carry
-            t, truth = xs
-            z, fed, delta, logits = advance(z, fed, t, truth)
-            loss = sum(feature_loss(f, logits[f.name], truth[f.name]) for f in specs)
-            valid = (t + 1 < lengths).astype(jnp.float32)
-            last = jnp.where(t < steps, delta, last)
-            return (z, fed, penalty + jnp.square(delta), last), (loss * valid, valid)
-
-        carry = (z, fed, zeros, zeros)
-        carry, (losses, valid) = jax.lax.scan(body, carry, (jnp.arange(total - 1), truths))
-        z, _, penalty, last = carry
-        hint_loss = losses.sum(axis=0) / jnp.maximum(valid.sum(axis=0), 1.0)  # [B]
+        z, penalty, last, hint_loss = _scan_hint_steps(
+            advance, (z, fed, zeros, zeros), hints, lengths, steps, specs
+        )
     else:
         if teacher_forcing > 0:
             raise ValueError("Teacher forcing needs the true trajectories: train=True.")
-
-        def loop(carry):
-            t, z, fed, penalty, last = carry
-            z, fed, delta, _ = advance(z, fed, t, None)
-            return t + 1, z, fed, penalty + jnp.square(delta), jnp.where(t < steps, delta, last)
-
-        carry = (jnp.zeros((), jnp.int32), z, fed, zeros, zeros)
-        carry = jax.lax.while_loop(lambda c: c[0] < jnp.max(steps), loop, carry)
-        _, z, _, penalty, last = carry
+        z, penalty, last = _loop_steps(advance, (z, fed, zeros, zeros), steps)
         hint_loss = zeros
     rel = last / (per_sample_norm(z) + 1e-8)
     finite = jnp.isfinite(last)
     stats = SolverStats(steps, last, rel, finite, ~finite, rel[:, None])
     return z, stats, hint_loss, penalty
+
+
+def _scan_hint_steps(
+    advance: Callable[..., tuple[Any, ...]],
+    carry: tuple[Any, ...],
+    hints: Mapping[str, jax.Array],
+    lengths: jax.Array,
+    steps: jax.Array,
+    specs: tuple[FeatureSpec, ...],
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Scans the ``T - 1`` training steps: ``(z, penalty, last residual, hint loss)``."""
+    total = next(iter(hints.values())).shape[1]
+    truths = {k: jnp.moveaxis(v[:, 1:], 1, 0) for k, v in hints.items()}  # [T - 1, B, ...]
+
+    def body(carry, xs):
+        z, fed, penalty, last = carry
+        t, truth = xs
+        z, fed, delta, logits = advance(z, fed, t, truth)
+        loss = sum(feature_loss(f, logits[f.name], truth[f.name]) for f in specs)
+        valid = (t + 1 < lengths).astype(jnp.float32)
+        last = jnp.where(t < steps, delta, last)
+        return (z, fed, penalty + jnp.square(delta), last), (loss * valid, valid)
+
+    carry, (losses, valid) = jax.lax.scan(body, carry, (jnp.arange(total - 1), truths))
+    z, _, penalty, last = carry
+    hint_loss = losses.sum(axis=0) / jnp.maximum(valid.sum(axis=0), 1.0)  # [B]
+    return z, penalty, last, hint_loss
+
+
+def _loop_steps(
+    advance: Callable[..., tuple[Any, ...]], carry: tuple[Any, ...], steps: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Loops to the batch's longest run (evaluation): ``(z, penalty, last residual)``."""
+
+    def loop(carry):
+        t, z, fed, penalty, last = carry
+        z, fed, delta, _ = advance(z, fed, t, None)
+        return t + 1, z, fed, penalty + jnp.square(delta), jnp.where(t < steps, delta, last)
+
+    carry = (jnp.zeros((), jnp.int32), *carry)
+    carry = jax.lax.while_loop(lambda c: c[0] < jnp.max(steps), loop, carry)
+    _, z, _, penalty, last = carry
+    return z, penalty, last

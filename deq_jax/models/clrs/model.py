@@ -234,18 +234,10 @@ class ClrsModel(nn.Module):
         encoder = FeatureEncoder(of_stage(self.spec, "input"), self.hidden, name="input_encoder")
         base = encoder(values, b, n)
         x = ProcessorInputs(base.node, base.edge, base.graph, adjacency)
-        terms = self.deq.terms
-        if self.mode != "deq" and any(isinstance(t, Alignment) for t in terms):
-            raise ValueError("The alignment penalty needs mode='deq'.")
+        self._check_terms()
         aux = []
         edge_latents = None  # the Triplet-GMPNN's edge latents at z*, for the decoder
         if self.mode == "fixed_steps":
-            if terms:
-                raise ValueError(
-                    "Jacobian terms need a fixed point: mode 'deq' or 'hint_propagation' (for "
-                    "'fixed_steps' set regularizer.jacobian_weight=0, spectral_every=0 and "
-                    "spectral_weight=0)."
-                )
             z, stats, hint_loss, penalty = self._fixed_steps(x, hints, lengths, z0, train, init)
             aux.append(self.hint_loss_weight * hint_loss)
         else:
@@ -262,39 +254,60 @@ class ClrsModel(nn.Module):
                 if self.step_penalty:
                     penalty = jnp.square(per_sample_norm(fz - z))
             else:
-                z_start = self._start(cell.state_spec(x), z0)
-                if init:
-                    cell(z_start, x)
-                module, variables = cell.unbind()
-                f = lambda z, args: module.apply(args[0], z, args[1])
-                args = (variables, x)
-                z, stats, penalty = unroll_to_fixed_point(
-                    f,
-                    z_start,
-                    args,
-                    max_iter=self._budget(train, max_iter),
-                    tol=self.deq.solver.tol,
-                    stop_mode=self.deq.solver.stop_mode,
-                )
-                if terms:
-                    self._sow_terms(f, z, args)
+                z, stats, penalty = self._unroll(cell, x, z0, train, max_iter, init)
         if self.step_penalty:
             aux.append(self.step_penalty * penalty)
         if aux and not init:
             self.sow("intermediates", AUX_LOSS, sum(aux[1:], aux[0]))
+        if self.decode_edge_latents and edge_latents is None:
+            _, edge_latents = cell(z, x, return_edges=True)
+        return self._decode(base, z, edge_latents), stats
+
+    def _check_terms(self) -> None:
+        """Refuses the penalty terms of ``deq.terms`` that the mode cannot compute."""
+        terms = self.deq.terms
+        if self.mode != "deq" and any(isinstance(t, Alignment) for t in terms):
+            raise ValueError("The alignment penalty needs mode='deq'.")
+        if self.mode == "fixed_steps" and terms:
+            raise ValueError(
+                "Jacobian terms need a fixed point: mode 'deq' or 'hint_propagation' (for "
+                "'fixed_steps' set regularizer.jacobian_weight=0, spectral_every=0 and "
+                "spectral_weight=0)."
+            )
+
+    def _unroll(self, cell, x, z0, train: bool, max_iter: int | None, init: bool):
+        """Iterates the cell to its fixed point, differentiably (``hint_propagation``)."""
+        z_start = self._start(cell.state_spec(x), z0)
+        if init:
+            cell(z_start, x)
+        module, variables = cell.unbind()
+        f = lambda z, args: module.apply(args[0], z, args[1])
+        args = (variables, x)
+        z, stats, penalty = unroll_to_fixed_point(
+            f,
+            z_start,
+            args,
+            max_iter=self._budget(train, max_iter),
+            tol=self.deq.solver.tol,
+            stop_mode=self.deq.solver.stop_mode,
+        )
+        if self.deq.terms:
+            self._sow_terms(f, z, args)
+        return z, stats, penalty
+
+    def _decode(self, base: ProcessorInputs, z: Any, edge_latents: jax.Array | None):
+        """The output feature's logits from ``[x_node, z]`` (and the edge latents, if any)."""
         out = of_stage(self.spec, "output")[0]
         nodes = z[0] if self.edge_state else z  # the edge state is read through the cell
         h = jnp.concatenate([base.node, nodes], axis=-1)  # [B, n, 2H]
         edge = base.edge
-        if self.decode_edge_latents:
-            if edge_latents is None:
-                _, edge_latents = cell(z, x, return_edges=True)
+        if edge_latents is not None:
             edge = jnp.concatenate([edge, edge_latents], axis=-1)  # [B, n, n, 2H]
         decoder = FeatureDecoder((out,), self.hidden, name="output_decoder")
         logits = decoder(h, edge, base.graph)[out.name]
         if out.type == "mask":  # two-class logits [0, l]: softmax cross-entropy = binary
             logits = jnp.stack([jnp.zeros_like(logits), logits], axis=-1)  # [B, n, n, 2]
-        return logits, stats
+        return logits
 
     def _sow_terms(self, f, z, args) -> None:
         """Sows the penalty terms of ``deq.terms`` at the unrolled map's final state
