@@ -31,8 +31,8 @@ Jacobian regulariser of Bai et al. 2021; ``pre_ln``: torchdeq's pre-LN cell;
 ``unrolled``: torchdeq's deq-lm recipe (K unrolled steps plus the fixed-point
 correction loss in training, a solve in evaluation); ``gpu``: a model sized for one
 accelerator; ``smoke``: for tests, a tiny model, 4 steps and 2 segments per split
-evaluated (40 s of CPU time, compilation included: 119 s on a 2-core CPU shared at
-load 11).
+evaluated (25-31 s of wall time on an idle 2-core CPU, 2026-12-01, of which about 9 s
+compile: 21 s with the compilation cached).
 
 Results: BUILD_NOTES.md, "DEQ-Transformer language model".
 

@@ -20,9 +20,8 @@ and evaluate the trained model on larger mazes with more iterations::
         --config.task.test_maze_sizes="(13,15,19,25,33)" --max_iters=30,60,120,240
 
 The smoke variant (a tiny model on 5x5 mazes, a few steps, still writing checkpoints,
-metrics and TensorBoard events; 49 s of CPU time, compilation included, most of it
-compiling the evaluation of each split and budget: 149 s on a 2-core CPU shared at
-load 11)::
+metrics and TensorBoard events; 31 s of wall time on an idle 2-core CPU, compilation
+included, most of it compiling the evaluation of each split and budget; 2026-12-01)::
 
     python -m launch.main --config configs/mazes.py:smoke --workdir /tmp/mazes_smoke
 

@@ -11,9 +11,9 @@ Run it with::
 
     python -m launch.main --config configs/mdeq_fashion_mnist.py --workdir /tmp/mdeq_fm
 
-Variants (``:a,b``): ``smoke`` (a few steps on a narrow model, a 2-batch report; 101
-s of CPU time with compilation and the conversion of 70,000 images: 265 s on a 2-core
-CPU shared at load 11),
+Variants (``:a,b``): ``smoke`` (a few steps on a narrow model, a 2-batch report; 65-69
+s of wall time on an idle 2-core CPU with the conversion of 70,000 images, 2026-12-01,
+of which about 27 s compile: 41 s with the compilation cached),
 ``explicit`` (the same network weight-tied and unrolled ``n_layer`` steps, backprop:
 the explicit baseline), ``jacobian`` (the Jacobian regulariser of Bai et al. 2021),
 ``torchdeq`` (torchdeq's recipe: a few damped phantom-gradient steps instead of the
