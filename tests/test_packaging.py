@@ -8,7 +8,8 @@
   extra both say which extra to install, while the generated tasks still work;
 * ``setup.cfg`` selects the ``deq_jax`` packages only and asks for jax, flax, optax and
   numpy, the training, data and plotting packages coming with the ``[train]`` extra;
-* a wheel built from the repository holds ``deq_jax`` as its only top-level package.
+* a wheel built from the repository holds ``deq_jax`` as its only top-level package;
+* ``examples/light_install.py`` runs with the core packages alone.
 """
 
 from __future__ import annotations
@@ -174,3 +175,19 @@ def test_wheel_holds_deq_jax_only(tmp_path):
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"deq_jax"}
     assert "deq_jax/models/clrs/algorithms/__init__.py" in names
+
+
+def test_light_install_example_runs():
+    """``examples/light_install.py`` (what the core install is enough for) solves,
+    differentiates and trains a DEQ layer, importing no package of the ``[train]`` extra."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "light_install.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["heavy_imported"] == [] and report["fixed_point"]["grad_finite"]
+    assert report["deq_layer"]["loss_last"] < report["deq_layer"]["loss_first"]
