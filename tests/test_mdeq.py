@@ -61,16 +61,16 @@ def _jit_init(model, x):
     return model.init(jax.random.key(0), x, train=False)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _apply(model, variables, x, mode=None):
-    """The model's eval logits and stats, ``mode`` overriding its field."""
-    return model.apply(variables, x, train=False, mode=mode)
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(model, variables, x):
+    """The model's eval logits and stats."""
+    return model.apply(variables, x, train=False)
 
 
 @pytest.fixture(scope="module")
 def mdeq_variables():
     """`_init` of the tiny DEQ MDEQ on `_x()`: the parameters of every mode and depth
-    (the modes share them, `test_modes_share_parameters_and_the_call_overrides_the_field`;
+    (the modes share them, `test_modes_share_parameters_and_clone_switches_the_mode`;
     ``n_layer`` and dropout add none)."""
     return _init(MDEQ(deq=SPEC, **FIELDS), _x())
 
@@ -250,7 +250,7 @@ def test_weight_tied_is_the_cell_applied_n_layer_times(jit, mdeq_variables):
     assert not np.allclose(logits, _by_hand(variables, x, 3)[0], atol=1e-4)
 
 
-def test_modes_share_parameters_and_the_call_overrides_the_field(mdeq_variables):
+def test_modes_share_parameters_and_clone_switches_the_mode(mdeq_variables):
     x = _x()
     deq = MDEQ(deq=SPEC, **FIELDS)
     tied = deq.clone(mode="weight_tied")
@@ -263,8 +263,8 @@ def test_modes_share_parameters_and_the_call_overrides_the_field(mdeq_variables)
     from_tied, s_tied = _apply(tied, variables, x)
     np.testing.assert_array_equal(s_tied.nstep, [3, 3])
     assert bool(jnp.all(s_deq.nstep > 3))
-    np.testing.assert_array_equal(_apply(tied, variables, x, "deq")[0], from_deq)
-    np.testing.assert_array_equal(_apply(deq, variables, x, "weight_tied")[0], from_tied)
+    np.testing.assert_array_equal(_apply(tied.clone(mode="deq"), variables, x)[0], from_deq)
+    np.testing.assert_array_equal(_apply(deq.clone(mode="weight_tied"), variables, x)[0], from_tied)
     assert not np.allclose(from_deq, from_tied, atol=1e-6)
 
 
@@ -375,8 +375,8 @@ def test_invalid_fields_and_inputs(mdeq_variables):
         MDEQ(expansion=0)
     model = MDEQ(deq=SPEC, **FIELDS)
     variables = mdeq_variables
-    with pytest.raises(ValueError, match="mode must be one of"):
-        model.apply(variables, _x(), train=False, mode="untied")
+    with pytest.raises(TypeError, match="unexpected keyword"):  # the mode is a field only
+        model.apply(variables, _x(), train=False, mode="weight_tied")
     with pytest.raises(ValueError, match=r"images \[B, H, W, C\]"):
         model.apply(variables, _x((2, 8, 8)), train=False)
     with pytest.raises(ValueError, match="divisible by 2"):

@@ -11,7 +11,7 @@ of the result out to class scores. Two modes share one parameter tree:
 * ``"weight_tied"``: the explicit network of the same parameters, the cell applied
   ``n_layer`` times from ``z = 0`` with backpropagation through the unroll
   (`deq_jax.nn.run_tied`). It is the explicit baseline of the same depth and
-  locuslab's warm-up (``TRAIN.PRETRAIN_STEPS``): call with ``mode="weight_tied"`` for
+  locuslab's warm-up (``TRAIN.PRETRAIN_STEPS``): ``model.clone(mode="weight_tied")`` for
   the first training steps of a ``"deq"`` model.
 
 Sizes (`TINY`, `SMALL`, `LARGE`: dicts of fields to unpack, ``MDEQ(**TINY)``) come from
@@ -117,7 +117,8 @@ class MDEQ(nn.Module):
       weight_norm: weight-normalise the cell's convolutions (the blocks' and the
         post-fusion ones, those locuslab normalises).
       dropout_rate: the cell's variational dropout (one mask per forward pass).
-      mode: ``"deq"`` or ``"weight_tied"`` (a call may override it; same parameters).
+      mode: ``"deq"`` or ``"weight_tied"`` (the same parameters: ``model.clone(mode=...)``
+        runs one as the other).
       n_layer: the depth of the weight-tied mode.
       deq: what the DEQ solves with (`deq_jax.nn.DEQSpec`).
 
@@ -180,7 +181,6 @@ class MDEQ(nn.Module):
         *,
         train: bool,
         max_iter: int | None = None,
-        mode: str | None = None,
         **deq_options: Any,
     ) -> tuple[jax.Array, SolverStats]:
         """``x [B, H, W, C] -> (logits [B, num_classes], stats)``.
@@ -190,7 +190,6 @@ class MDEQ(nn.Module):
           train: training mode (batch statistics, dropout with the ``"dropout"`` rng,
             the spec's ``train_max_iter``).
           max_iter: the DEQ's budget for this call (the weight-tied mode ignores it).
-          mode: overrides the ``mode`` field for this call.
           **deq_options: go to the `DEQ` call (``z0``, ``stats_probe``); the
             weight-tied mode starts from ``z0`` if given (else zeros) and leaves the
             probe without gradient.
@@ -200,17 +199,14 @@ class MDEQ(nn.Module):
           depth, the residual that of the last step).
 
         Raises:
-          ValueError: for an unknown mode, or ``x`` not ``[B, H, W, C]`` with ``H`` and
+          ValueError: for ``x`` not ``[B, H, W, C]`` with ``H`` and
             ``W`` divisible by ``2^(len(channels) - 1)``.
           TypeError: for a keyword the weight-tied mode does not know.
         """
-        mode = self.mode if mode is None else mode
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
         check_image(x, len(self.channels))
         u = Stem(self.channels[0], self.stem_channels, name="stem")(x, train=train)  # [B,H,W,C_0]
         cell = self._cell()
-        if mode == "deq":
+        if self.mode == "deq":
             deq = DEQ(cell, spec=self.deq, name="deq")
             z, stats = deq(u, train=train, max_iter=max_iter, **deq_options)
         else:
