@@ -73,6 +73,21 @@ def lm_config() -> ConfigDict:
     return config
 
 
+# The language models' smoke run (`configs/lm_wikitext103.py` shares it): `default.smoke`'s
+# sizes and the model's.
+SMOKE = dict(
+    steps=4,
+    batch_size=4,
+    warmup_steps=1,
+    eval_every=2,
+    eval_batch_size=4,
+    budgets=(4, 4),
+    max_batches=2,
+    budget_multipliers=(1,),
+)
+SMOKE_MODEL = dict(d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8)
+
+
 def get_config(arg: str | None = None) -> ConfigDict:
     """The Shakespeare config with the variants of ``arg`` (module docstring)."""
     names = variants(arg)
@@ -138,19 +153,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.ckpt.every_steps = 2_000
         config.log.every_steps = 100
     if "smoke" in names:
-        default.smoke(
-            config,
-            steps=4,
-            batch_size=4,
-            warmup_steps=1,
-            eval_every=2,
-            eval_batch_size=4,
-            budgets=(4, 4),
-            max_batches=2,
-            budget_multipliers=(1,),
-            model=dict(d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8),
-            train=dict(seq_len=8),
-        )
+        default.smoke(config, **SMOKE, model=SMOKE_MODEL, train=dict(seq_len=8))
         if config.train.pretrain_steps:
             config.train.pretrain_steps = 2  # two warm-up steps, then two DEQ steps
     return config

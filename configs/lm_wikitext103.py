@@ -73,17 +73,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     if "smoke" in names:
         default.smoke(
             config,
-            steps=4,
-            batch_size=4,
-            warmup_steps=1,
-            eval_every=2,
-            eval_batch_size=4,
-            budgets=(4, 4),
-            max_batches=2,
-            budget_multipliers=(1,),
-            model=dict(
-                d_model=16, n_head=2, d_head=8, d_inner=32, mem_len=8, cutoffs=(4, 8), div_val=2
-            ),
+            **lm_shakespeare.SMOKE,
+            model=dict(lm_shakespeare.SMOKE_MODEL, cutoffs=(4, 8), div_val=2),
             deq=dict(backward=dict(ift=dict(max_iter=4))),
             train=dict(seq_len=8, pretrain_steps=2),
             eval=dict(seq_len=8),
