@@ -137,7 +137,7 @@ def test_lm_train_step_skips_and_keeps_the_memory(tmp_path):
     template = jax.tree_util.tree_map(np.asarray, run.model.init_mems(config.train.batch_size))
     step = make_lm_train_step(run.model, run.schedule, run.mesh, template)
     batches = run.task.train_iterator(config.train.batch_size, config.train.seq_len)
-    state, mems, first = step(run.state, run.mems, lm_device_batch(next(batches), run.mesh))
+    state, mems, first = step(run.state, run.carry, lm_device_batch(next(batches), run.mesh))
     assert float(first[SKIPPED]) == 0.0
     before, mems_before = jax.device_get(state), jax.device_get(mems)
     nan_params = jax.tree_util.tree_map(lambda p: np.full_like(p, np.nan), before.params)

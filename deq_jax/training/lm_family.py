@@ -61,18 +61,9 @@ class LanguageModelFamily(Family):
 
     def setup(self, config: Any, workdir: str) -> Run:
         self.regularizer = JacobianRegularizer.from_config(config.get("regularizer", {}))
-        lm = setup_language_model(config, workdir)
-        self.start = lm.start_step
-        return Run(
-            mesh=lm.mesh,
-            task=lm.task,
-            model=lm.model,
-            schedule=lm.schedule,
-            state=lm.state,
-            start_step=lm.start_step,
-            checkpointer=lm.checkpointer,
-            carry=lm.mems,
-        )
+        run = setup_language_model(config, workdir)
+        self.start = run.start_step
+        return run
 
     def describe(self, run: Run) -> str:
         model = run.model

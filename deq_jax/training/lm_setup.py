@@ -13,20 +13,19 @@ References:
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh
 
 from deq_jax.tasks.text import Vocabulary
 from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.lm_steps import place_memory
 from deq_jax.training.optim import make_optimizer
-from deq_jax.training.setup import make_checkpointer, prepare_run
+from deq_jax.training.setup import Run, make_checkpointer, prepare_run
 from deq_jax.training.state import TrainState
 from deq_jax.training.writers import write_text
 
@@ -35,30 +34,6 @@ VOCAB_FILE = "vocab.json"
 
 class VocabularyMismatchError(ValueError):
     """The workdir's checkpoints were trained on another vocabulary than the data's."""
-
-
-class LMRun(NamedTuple):
-    """A language-model run before its first step (`setup_language_model`).
-
-    Attributes:
-      mesh: the data-parallel mesh.
-      task: the text task.
-      model: the linen language model.
-      schedule: the learning-rate schedule.
-      state: the train state (restored if the workdir had a checkpoint), replicated.
-      mems: the training memory of the global batch (restored with the state).
-      start_step: the restored step (0 for a fresh run).
-      checkpointer: the workdir's `Checkpointer`.
-    """
-
-    mesh: Mesh
-    task: Any
-    model: Any
-    schedule: optax.Schedule
-    state: TrainState
-    mems: Any
-    start_step: int
-    checkpointer: Checkpointer
 
 
 def saved_vocabulary_path(workdir: str) -> str:
@@ -130,8 +105,10 @@ def init_state(model: Any, tx: optax.GradientTransformation, seq_len: int, seed:
     return state.replace(step=jnp.zeros((), jnp.int32))
 
 
-def setup_language_model(config: Any, workdir: str) -> LMRun:
-    """Builds the run ``config`` describes and restores the workdir's latest checkpoint.
+def setup_language_model(config: Any, workdir: str) -> Run:
+    """Builds the run ``config`` describes and restores the workdir's latest checkpoint;
+    the `Run`'s ``carry`` is the training memory of the global batch, restored with the
+    state.
 
     Raises:
       ValueError: for an invalid config or a batch size that does not split evenly
@@ -150,15 +127,15 @@ def setup_language_model(config: Any, workdir: str) -> LMRun:
     mems = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
     ckpt = make_checkpointer(config, workdir)
     restored, start = ckpt.restore_or_init({"state": state, "mems": mems})
-    return LMRun(
+    return Run(
         mesh=mesh,
         task=task,
         model=model,
         schedule=schedule,
         state=sharding.replicate(restored["state"], mesh),
-        mems=place_memory(restored["mems"], mesh, tc.batch_size),
         start_step=start,
         checkpointer=ckpt,
+        carry=place_memory(restored["mems"], mesh, tc.batch_size),
     )
 
 
