@@ -345,7 +345,7 @@ def test_fixed_point_satisfies_the_cell(ln_placement):
         fz.reshape(B, -1), axis=1
     )
     assert float(rel.max()) <= tol
-    assert set(problem.args[1]) == {"injection", "memory"}
+    assert set(problem.args[1]) == {"injection", "memory", "context"}  # prepared once
     chex.assert_shape(problem.args[1]["injection"], (B, L, 24))
 
 

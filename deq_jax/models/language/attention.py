@@ -24,7 +24,7 @@ References:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -84,18 +84,47 @@ def _uniform_bias(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Arr
     return jax.random.uniform(key, shape, dtype, -0.05, 0.05)
 
 
-def dense(features: int, *, use_bias: bool, weight_norm: bool, dtype: Any, name: str) -> nn.Module:
-    """A dense layer, weight-normalised (`deq_jax.nn.WeightNormDense`) or not."""
+def dense(
+    features: int, *, use_bias: bool, weight_norm: bool, dtype: Any, name: str | None = None
+) -> nn.Module:
+    """A dense layer, weight-normalised (`deq_jax.nn.WeightNormDense`) or not (``name``
+    is left unset inside ``setup``, where the attribute names the layer)."""
     if weight_norm:
         return WeightNormDense(features, use_bias=use_bias, param_dtype=dtype, name=name)
     return nn.Dense(features, use_bias=use_bias, param_dtype=dtype, dtype=dtype, name=name)
 
 
-def layer_norm(learnable: bool, dtype: Any, name: str) -> nn.Module:
+def layer_norm(learnable: bool, dtype: Any, name: str | None = None) -> nn.Module:
     """Layer norm with (torchdeq) or without (locuslab) a learned scale and bias."""
     return nn.LayerNorm(
         use_scale=learnable, use_bias=learnable, dtype=dtype, param_dtype=dtype, name=name
     )
+
+
+class AttentionContext(NamedTuple):
+    """What the attention reads that does not depend on the state: built once per solve
+    by `RelativeSelfAttention.prepare`, read by every iteration.
+
+    Attributes:
+      k_mem: the memory's keys, injection added, ``[B, H, M, D_h]``.
+      v_mem: the memory's values, injection added, ``[B, H, M, D_h]``.
+      r: the projected (and dropped-out) relative positions, ``[H, K, D_h]``.
+      mask: ``[B, 1, L, K]`` bool (`attention_mask`).
+      injection: the segment's injection, ``[B, L, 3 H D_h]``.
+    """
+
+    k_mem: jax.Array
+    v_mem: jax.Array
+    r: jax.Array
+    mask: jax.Array
+    injection: jax.Array
+
+
+def _heads(x: jax.Array, n_head: int, d_head: int) -> tuple[jax.Array, ...]:
+    """``[B, T, 3 H D_h] -> (q, k, v)``, each ``[B, H, T, D_h]``."""
+    b, t, _ = x.shape
+    x = x.reshape(b, t, 3, n_head, d_head)
+    return tuple(jnp.transpose(x[:, :, i], (0, 2, 1, 3)) for i in range(3))
 
 
 class RelativeSelfAttention(nn.Module):
@@ -108,6 +137,11 @@ class RelativeSelfAttention(nn.Module):
     probabilities (one mask per row, head, query and key); the relative position
     embeddings get a variational mask per feature. All masks come from the ``"dropout"``
     rng that the DEQ hands unchanged to every iteration.
+
+    What does not depend on the state (the memory's keys and values, the projected
+    positions, the mask) is computed by `prepare` once per solve (`deq_jax.nn.DEQ`
+    calls it before the solver's loop); ``__call__`` computes q, k, v of the ``L``
+    current positions only.
 
     Attributes:
       d_model: the state width.
@@ -133,47 +167,59 @@ class RelativeSelfAttention(nn.Module):
     weight_norm: bool = True
     dtype: Any = jnp.float32
 
-    @nn.compact
-    def __call__(
-        self, z: jax.Array, mem: jax.Array, injection: jax.Array, mask: jax.Array
-    ) -> jax.Array:
-        """Attends from ``z`` to ``[mem, z]``.
+    def setup(self):
+        h, dh = self.n_head, self.d_head
+        wn = dict(weight_norm=self.weight_norm, dtype=self.dtype)
+        if self.pre_ln:
+            self.ln_in = layer_norm(True, self.dtype)
+            self.ln_vec = layer_norm(True, self.dtype)
+        else:
+            self.ln_out = layer_norm(False, self.dtype)
+        self.qkv = dense(3 * h * dh, use_bias=False, **wn)
+        self.drop_pos = VariationalDropout(self.dropout, broadcast_dims=(0,))
+        self.r_net = dense(h * dh, use_bias=False, **wn)
+        self.r_w_bias = self.param("r_w_bias", _uniform_bias, (h, dh), self.dtype)  # [H, Dh]
+        self.r_r_bias = self.param("r_r_bias", _uniform_bias, (h, dh), self.dtype)  # [H, Dh]
+        self.drop_att = VariationalDropout(self.dropatt)
+        self.o_net = dense(self.d_model, use_bias=True, **wn)
+        self.drop_out = VariationalDropout(self.dropout, broadcast_dims=(1,))
+
+    def prepare(
+        self, mem: jax.Array, injection: jax.Array, mask: jax.Array, q_len: int
+    ) -> AttentionContext:
+        """The state-independent part of the block (`AttentionContext`).
 
         Args:
-          z: the state, ``[B, L, d_model]``.
           mem: the memory states, ``[B, M, d_model]``.
           injection: the injection of ``[memory, segment]``, ``[B, M + L, 3 H D_h]``.
           mask: ``[B, L, M + L]`` bool (`attention_mask`).
-
-        Returns:
-          ``[B, L, d_model]``.
+          q_len: the segment length ``L``.
         """
+        mem_len = mem.shape[1]
+        k_len = mem_len + q_len
+        h, dh = self.n_head, self.d_head
+        mem = self.ln_in(mem) if self.pre_ln else mem
+        _, k_mem, v_mem = _heads(self.qkv(mem) + injection[:, :mem_len], h, dh)
+        pos = self.drop_pos(sinusoid_positions(k_len, self.d_model, injection.dtype))  # [K, d]
+        r = self.r_net(pos).reshape(k_len, h, dh).transpose(1, 0, 2)  # [H, K, Dh]
+        return AttentionContext(k_mem, v_mem, r, mask[:, None], injection[:, mem_len:])
+
+    def __call__(self, z: jax.Array, context: AttentionContext) -> jax.Array:
+        """Attends from ``z [B, L, d_model]`` to ``[mem, z]``; returns ``[B, L, d_model]``."""
         b, q_len, _ = z.shape
         h, dh = self.n_head, self.d_head
-        wn = dict(weight_norm=self.weight_norm, dtype=self.dtype)
-        cat = jnp.concatenate([mem.astype(z.dtype), z], axis=1)  # [B, K, d]
-        k_len = cat.shape[1]
+        q, k, v = _heads(self.qkv(self.ln_in(z) if self.pre_ln else z) + context.injection, h, dh)
+        k = jnp.concatenate([context.k_mem, k], axis=2)  # [B, H, K, Dh]
+        v = jnp.concatenate([context.v_mem, v], axis=2)  # [B, H, K, Dh]
+        content = jnp.einsum("bhid,bhjd->bhij", q + self.r_w_bias[:, None], k)  # [B, H, L, K]
+        position = jnp.einsum("bhid,hjd->bhij", q + self.r_r_bias[:, None], context.r)
+        scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(dh, z.dtype))
+        scores = jnp.where(context.mask, scores, jnp.finfo(scores.dtype).min)
+        probs = self.drop_att(jax.nn.softmax(scores, axis=-1))  # [B, H, L, K]
+        vec = jnp.einsum("bhij,bhjd->bihd", probs, v).reshape(b, q_len, h * dh)  # [B, L, HD]
         if self.pre_ln:
-            cat = layer_norm(True, self.dtype, "ln_in")(cat)
-        heads = dense(3 * h * dh, use_bias=False, name="qkv", **wn)(cat) + injection  # [B, K, 3HD]
-        heads = heads.reshape(b, k_len, 3, h, dh)
-        q, k, v = heads[:, -q_len:, 0], heads[:, :, 1], heads[:, :, 2]  # [B, L|K, H, Dh]
-        pos = sinusoid_positions(k_len, self.d_model, z.dtype)  # [K, d]
-        pos = VariationalDropout(self.dropout, broadcast_dims=(0,), name="drop_pos")(pos)
-        r = dense(h * dh, use_bias=False, name="r_net", **wn)(pos).reshape(k_len, h, dh)
-        u_bias = self.param("r_w_bias", _uniform_bias, (h, dh), self.dtype)  # [H, Dh]
-        v_bias = self.param("r_r_bias", _uniform_bias, (h, dh), self.dtype)  # [H, Dh]
-        content = jnp.einsum("bihd,bjhd->bhij", q + u_bias, k)  # [B, H, L, K]
-        position = rel_shift(jnp.einsum("bihd,jhd->bhij", q + v_bias, r))  # [B, H, L, K]
-        scores = (content + position) / jnp.sqrt(jnp.asarray(dh, z.dtype))
-        scores = jnp.where(mask[:, None], scores, jnp.finfo(scores.dtype).min)
-        probs = jax.nn.softmax(scores, axis=-1)  # [B, H, L, K]
-        probs = VariationalDropout(self.dropatt, name="drop_att")(probs)
-        vec = jnp.einsum("bhij,bjhd->bihd", probs, v).reshape(b, q_len, h * dh)  # [B, L, HD]
-        if self.pre_ln:
-            vec = layer_norm(True, self.dtype, "ln_vec")(vec)
-        out = dense(self.d_model, use_bias=True, name="o_net", **wn)(vec)  # [B, L, d]
-        out = VariationalDropout(self.dropout, broadcast_dims=(1,), name="drop_out")(out)
+            vec = self.ln_vec(vec)
+        out = self.drop_out(self.o_net(vec))  # [B, L, d]
         if self.pre_ln:
             return z + out
-        return layer_norm(False, self.dtype, "ln_out")(z + out)
+        return self.ln_out(z + out)

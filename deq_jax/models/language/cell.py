@@ -139,15 +139,9 @@ class DEQTransformerCell(nn.Module):
         b, q_len = x["injection"].shape[:2]
         return jax.ShapeDtypeStruct((b, q_len, self.d_model), jnp.dtype(self.dtype))
 
-    @nn.compact
-    def __call__(self, z: jax.Array, x: dict[str, Any]) -> jax.Array:
-        """``z [B, L, d_model]``, ``x = {"injection", "memory"}`` -> ``z' [B, L, d_model]``."""
-        memory: Memory = x["memory"]
-        q_len, mem_len = z.shape[1], memory.z.shape[1]
+    def setup(self):
         pre_ln = self.ln_placement == "pre"
-        mask = attention_mask(q_len, mem_len, memory.count)  # [B, L, M + L]
-        injection = jnp.concatenate([memory.injection, x["injection"]], axis=1)  # [B, K, 3HD]
-        z = RelativeSelfAttention(
+        self.attn = RelativeSelfAttention(
             self.d_model,
             self.n_head,
             self.d_head,
@@ -156,14 +150,31 @@ class DEQTransformerCell(nn.Module):
             pre_ln=pre_ln,
             weight_norm=self.weight_norm,
             dtype=self.dtype,
-            name="attn",
-        )(z, memory.z, injection, mask)
-        return PositionwiseFF(
+        )
+        self.ff = PositionwiseFF(
             self.d_model,
             self.d_inner,
             dropout=self.dropout,
             pre_ln=pre_ln,
             weight_norm=self.weight_norm,
             dtype=self.dtype,
-            name="ff",
-        )(z)
+        )
+
+    def prepare(self, x: dict[str, Any]) -> dict[str, Any]:
+        """``x`` with the state-independent part of the cell added under ``"context"``
+        (an `AttentionContext`: the memory's keys and values, the projected positions,
+        the mask). `deq_jax.nn.DEQ` calls it once per solve and hands the result to
+        every iteration; a call on an ``x`` without it prepares it first."""
+        memory: Memory = x["memory"]
+        q_len, mem_len = x["injection"].shape[1], memory.z.shape[1]
+        mask = attention_mask(q_len, mem_len, memory.count)  # [B, L, M + L]
+        injection = jnp.concatenate([memory.injection, x["injection"]], axis=1)  # [B, K, 3HD]
+        context = self.attn.prepare(memory.z, injection, mask, q_len)
+        return {**x, "context": context}
+
+    def __call__(self, z: jax.Array, x: dict[str, Any]) -> jax.Array:
+        """``z [B, L, d_model]``, ``x = {"injection", "memory"}`` (and, prepared,
+        ``"context"``) -> ``z' [B, L, d_model]``."""
+        if "context" not in x:
+            x = self.prepare(x)
+        return self.ff(self.attn(z, x["context"]))
