@@ -108,7 +108,9 @@ class AttentionContext(NamedTuple):
     Attributes:
       k_mem: the memory's keys, injection added, ``[B, H, M, D_h]``.
       v_mem: the memory's values, injection added, ``[B, H, M, D_h]``.
-      r: the projected (and dropped-out) relative positions, ``[H, K, D_h]``.
+      r: the projected (and dropped-out) relative positions, ``[B, H, K, D_h]`` (the
+        same for every row: a batched product like the content scores' needs no
+        transpose of its result).
       mask: ``[B, 1, L, K]`` bool (`attention_mask`).
       injection: the segment's injection, ``[B, L, 3 H D_h]``.
     """
@@ -202,6 +204,7 @@ class RelativeSelfAttention(nn.Module):
         _, k_mem, v_mem = _heads(self.qkv(mem) + injection[:, :mem_len], h, dh)
         pos = self.drop_pos(sinusoid_positions(k_len, self.d_model, injection.dtype))  # [K, d]
         r = self.r_net(pos).reshape(k_len, h, dh).transpose(1, 0, 2)  # [H, K, Dh]
+        r = jnp.broadcast_to(r, (mem.shape[0], *r.shape))  # [B, H, K, Dh]
         return AttentionContext(k_mem, v_mem, r, mask[:, None], injection[:, mem_len:])
 
     def __call__(self, z: jax.Array, context: AttentionContext) -> jax.Array:
@@ -212,7 +215,7 @@ class RelativeSelfAttention(nn.Module):
         k = jnp.concatenate([context.k_mem, k], axis=2)  # [B, H, K, Dh]
         v = jnp.concatenate([context.v_mem, v], axis=2)  # [B, H, K, Dh]
         content = jnp.einsum("bhid,bhjd->bhij", q + self.r_w_bias[:, None], k)  # [B, H, L, K]
-        position = jnp.einsum("bhid,hjd->bhij", q + self.r_r_bias[:, None], context.r)
+        position = jnp.einsum("bhid,bhjd->bhij", q + self.r_r_bias[:, None], context.r)
         scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(dh, z.dtype))
         scores = jnp.where(context.mask, scores, jnp.finfo(scores.dtype).min)
         probs = self.drop_att(jax.nn.softmax(scores, axis=-1))  # [B, H, L, K]
