@@ -1,5 +1,7 @@
-"""Tests of weight normalisation and spectral normalisation (`deq_jax.nn.norms`)."""
+"""Tests of weight normalisation, spectral normalisation and the group norm
+(`deq_jax.nn.norms`)."""
 
+import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,7 @@ from deq_jax.nn import (
     state_like,
     weight_norm_kernel,
 )
+from deq_jax.nn.norms import GroupNorm
 
 
 def _normal(shape, seed):
@@ -150,3 +153,68 @@ def test_deq_updates_spectral_stats_once_per_forward():
     z_train, _ = model.apply(variables, x, train=True)
     np.testing.assert_array_equal(z_train, z_eval)
     assert not np.allclose(z, z_eval, rtol=0, atol=1e-7)  # the solve used the updated u
+
+
+def _group_norm_pair(shape, groups, dtype, epsilon=1e-5, **fields):
+    """flax's and deq_jax's group norm with flax's initial parameters made random, an
+    input with a non-zero mean, and a cotangent (all of ``dtype``)."""
+    flax_norm = nn.GroupNorm(num_groups=groups, epsilon=epsilon, param_dtype=dtype, **fields)
+    ours = GroupNorm(num_groups=groups, epsilon=epsilon, param_dtype=dtype, **fields)
+    x = (3.0 * _normal(shape, 0) + 1.5).astype(dtype)
+    variables = flax_norm.init(jax.random.key(0), x)
+    leaves, tree = jax.tree_util.tree_flatten(variables)
+    leaves = [a + 0.3 * _normal(a.shape, i + 1).astype(dtype) for i, a in enumerate(leaves)]
+    return flax_norm, ours, jax.tree_util.tree_unflatten(tree, leaves), x
+
+
+@pytest.mark.parametrize(
+    "shape, groups, fields",
+    [
+        ((3, 6, 5, 12), 4, {}),
+        ((2, 7, 8), 2, {}),
+        ((4, 6), 3, {}),
+        ((2, 5, 5, 8), 8, {"use_scale": False}),
+        ((2, 5, 5, 8), 1, {"use_bias": False}),
+    ],
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_group_norm_matches_flax_in_float64(x64, shape, groups, fields, jit):
+    flax_norm, ours, variables, x = _group_norm_pair(shape, groups, jnp.float64, **fields)
+    assert jax.tree_util.tree_structure(ours.init(jax.random.key(0), x)) == (
+        jax.tree_util.tree_structure(variables)
+    )
+    u = _normal(shape, 9).astype(jnp.float64)
+    results = []
+    for module in (flax_norm, ours):
+        value_and_pullback = lambda v, x, m=module: jax.vjp(m.apply, v, x)
+        if jit:
+            value_and_pullback = jax.jit(value_and_pullback)
+        y, pullback = value_and_pullback(variables, x)
+        tangent = jax.jvp(module.apply, (variables, x), (variables, u))[1]
+        results.append((y, pullback(u), tangent))
+    assert results[1][0].dtype == jnp.float64
+    chex.assert_trees_all_close(results[1], results[0], rtol=1e-12, atol=1e-12)
+
+
+def test_group_norm_matches_flax_in_float32_and_keeps_its_parameters():
+    flax_norm, ours, variables, x = _group_norm_pair((8, 14, 14, 120), 8, jnp.float32)
+    fresh = jax.tree_util.tree_map(jnp.shape, ours.init(jax.random.key(0), x))
+    assert fresh == {"params": {"scale": (120,), "bias": (120,)}}
+    chex.assert_trees_all_equal(
+        ours.init(jax.random.key(0), x), flax_norm.init(jax.random.key(0), x)
+    )
+    u = _normal(x.shape, 9)
+    (y, pullback), (y_ref, pullback_ref) = (
+        jax.jit(lambda v, x, m=m: jax.vjp(m.apply, v, x))(variables, x) for m in (ours, flax_norm)
+    )
+    chex.assert_trees_all_close((y, pullback(u)), (y_ref, pullback_ref(u)), rtol=1e-4, atol=2e-5)
+    # Low-precision inputs: statistics in float32, the result promoted as flax's.
+    low = x.astype(jnp.bfloat16)
+    y_low, y_low_ref = ours.apply(variables, low), flax_norm.apply(variables, low)
+    assert y_low.dtype == y_low_ref.dtype == jnp.float32
+    np.testing.assert_allclose(y_low, y_low_ref, rtol=1e-4, atol=1e-4)
+
+
+def test_group_norm_refuses_groups_that_do_not_divide_the_channels():
+    with pytest.raises(ValueError, match="does not divide"):
+        GroupNorm(num_groups=5).init(jax.random.key(0), jnp.zeros((2, 4, 12)))

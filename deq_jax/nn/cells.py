@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from deq_jax.nn.conv import Conv
 from deq_jax.nn.dropout import VariationalDropout
-from deq_jax.nn.norms import WeightNormConv, WeightNormDense
+from deq_jax.nn.norms import GroupNorm, WeightNormConv, WeightNormDense
 from deq_jax.nn.state import float_dtype, state_like
 
 Initializer = Callable[..., jax.Array]
@@ -159,7 +159,7 @@ class _ConvCell(nn.Module):
 
     def _norm(self, h: jax.Array) -> jax.Array:
         if self.norm == "group":
-            return nn.GroupNorm(num_groups=self.norm_groups, param_dtype=self.param_dtype)(h)
+            return GroupNorm(num_groups=self.norm_groups, param_dtype=self.param_dtype)(h)
         if self.norm == "layer":
             return nn.LayerNorm(param_dtype=self.param_dtype)(h)
         return h
@@ -195,8 +195,9 @@ class Conv1DCell(_ConvCell):
       num_blocks: residual blocks after the input convolution.
       kernel_size: the convolution window.
       use_bias: whether convolutions have a bias (the deep-thinking nets have none).
-      norm: ``None``, ``"group"`` (`flax.linen.GroupNorm` with ``norm_groups``) or
-        ``"layer"`` after each convolution; both are per-sample and help the solve.
+      norm: ``None``, ``"group"`` (`deq_jax.nn.norms.GroupNorm`, flax's group norm in
+        fewer passes, with ``norm_groups``) or ``"layer"`` after each convolution; both
+        are per-sample and help the solve.
       norm_groups: groups of the group norm (must divide ``width``).
       weight_norm: weight-normalise every convolution.
       dropout_rate: `VariationalDropout` rate applied to the incoming state.

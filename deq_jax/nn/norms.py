@@ -6,6 +6,8 @@ which keeps the fixed-point problem solvable during training.
 * `WeightNormDense` / `WeightNormConv`: ``w = g * v / ||v||`` with one norm and one
   scale ``g`` per output feature, the parametrisation used throughout the DEQ papers.
   ``g`` starts at ``||v||`` so the layer starts exactly as its plain counterpart.
+* `GroupNorm`: flax's `flax.linen.GroupNorm` (the same parameters and values) in fewer
+  passes over memory, for the group norms of MDEQ and the convolutional cells.
 * `SpectralNorm`: flax's `flax.linen.SpectralNorm` wrapper (``w / sigma_max(w)`` by
   power iteration) whose ``update_stats`` defaults to "is the stats collection
   mutable?". Inside a cell, write ``SpectralNorm(nn.Dense(n))(z)``: the power-iteration
@@ -16,6 +18,7 @@ which keeps the fixed-point problem solvable during training.
   same at every iteration.
 
 References:
+  Wu & He, "Group Normalization", ECCV 2018.
   Salimans & Kingma, "Weight Normalization: A Simple Reparameterization to Accelerate
   Training of Deep Neural Networks", NeurIPS 2016.
   Miyato, Kataoka, Koyama & Yoshida, "Spectral Normalization for Generative
@@ -140,6 +143,107 @@ class WeightNormConv(nn.Module):
         if self.use_bias:
             y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype)
         return y
+
+
+def group_norm(
+    x: jax.Array,
+    num_groups: int,
+    scale: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    epsilon: float = 1e-6,
+    dtype: Any = None,
+) -> jax.Array:
+    """Per-sample group normalisation of channels-last ``x``, as `flax.linen.GroupNorm`.
+
+    The statistics of each sample and group of ``C / num_groups`` consecutive channels
+    are taken over every axis but the first in at least float32: the mean ``m`` and the
+    variance ``max(E[x^2] - m^2, 0)`` (flax's fast variance). ``E[x]`` and ``E[x^2]``
+    are sums over the positions of ``x`` seen as ``[B, P, C]`` (each a single reduction
+    over the middle axis, which XLA:CPU runs as one pass over ``x``), folded into
+    groups afterwards; the output ``(x - m) * a + bias``, with the per-sample,
+    per-channel ``a = scale / sqrt(var + epsilon)`` computed once, is one more pass.
+    flax's module reduces the grouped view ``[B, P, G, C / G]`` over two axes and
+    spreads its statistics over the channels inside the output's loop: 2-4x slower
+    on MDEQ-TINY's group norms (docs/results/mdeq.md, "The cell's pieces").
+
+    Args:
+      x: ``[B, ..., C]`` with ``C`` divisible by ``num_groups``.
+      num_groups: groups of channels.
+      scale: ``[C]`` (``None``: 1).
+      bias: ``[C]`` (``None``: 0).
+      epsilon: added to the variance.
+      dtype: of the result (``None``: promoted from ``x``, ``scale`` and ``bias``).
+
+    Returns:
+      The normalised ``x``, its shape.
+    """
+    b, c = x.shape[0], x.shape[-1]
+    stats_dtype = jnp.promote_types(x.dtype, jnp.float32)
+    rows = x.astype(stats_dtype).reshape(b, -1, c)  # [B, P, C]
+    count = rows.shape[1] * (c // num_groups)
+    fold = lambda s: jnp.sum(s.reshape(b, num_groups, -1), axis=-1) / count  # [B, G]
+    mean = fold(jnp.sum(rows, axis=1))
+    var = jnp.maximum(fold(jnp.sum(jnp.square(rows), axis=1)) - jnp.square(mean), 0.0)
+    spread = lambda t: jnp.repeat(t, c // num_groups, axis=1)  # [B, G] -> [B, C]
+    mul = spread(jax.lax.rsqrt(var + epsilon))
+    if scale is not None:
+        mul = mul * scale
+    trailing = (1,) * (x.ndim - 2)
+    y = (x - spread(mean).reshape(b, *trailing, c)) * mul.reshape(b, *trailing, c)
+    if bias is not None:
+        y = y + bias
+    args = [a for a in (x, scale, bias) if a is not None]
+    return y.astype(dtype or jnp.result_type(*args))
+
+
+class GroupNorm(nn.Module):
+    """`flax.linen.GroupNorm` computed by `group_norm`: the same parameters (``scale``,
+    ``bias``, ``[C]``), initialisers, epsilon and values, in fewer passes over memory.
+
+    Statistics are per sample over every axis but the first, in at least float32.
+
+    Attributes:
+      num_groups: groups of channels (must divide ``C``).
+      epsilon: added to the variance (flax's default, 1e-6).
+      dtype: of the result (``None``: promoted from the input and the parameters).
+      param_dtype: of the parameters.
+      use_bias: learn a bias.
+      use_scale: learn a scale.
+      bias_init: initialiser of the bias.
+      scale_init: initialiser of the scale.
+
+    References:
+      Wu & He, "Group Normalization", ECCV 2018.
+    """
+
+    num_groups: int = 32
+    epsilon: float = 1e-6
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    use_bias: bool = True
+    use_scale: bool = True
+    bias_init: Initializer = nn.initializers.zeros
+    scale_init: Initializer = nn.initializers.ones
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """``x [B, ..., C] -> [B, ..., C]``.
+
+        Raises:
+          ValueError: if ``num_groups`` is not a positive divisor of ``C``.
+        """
+        c = x.shape[-1]
+        if self.num_groups < 1 or c % self.num_groups:
+            raise ValueError(
+                f"Number of groups ({self.num_groups}) does not divide the number of "
+                f"channels ({c})."
+            )
+        scale = bias = None
+        if self.use_scale:
+            scale = self.param("scale", self.scale_init, (c,), self.param_dtype)
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, (c,), self.param_dtype)
+        return group_norm(x, self.num_groups, scale, bias, self.epsilon, self.dtype)
 
 
 class SpectralNorm(nn.SpectralNorm):
