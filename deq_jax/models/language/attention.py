@@ -107,7 +107,7 @@ class AttentionContext(NamedTuple):
 
     Attributes:
       k_mem: the memory's keys, injection added, ``[B, H, M, D_h]``.
-      v_mem: the memory's values, injection added, ``[B, H, M, D_h]``.
+      v_mem: the memory's values, injection added, transposed: ``[B, H, D_h, M]``.
       r: the projected (and dropped-out) relative positions, ``[B, H, K, D_h]`` (the
         same for every row: a batched product like the content scores' needs no
         transpose of its result).
@@ -202,6 +202,7 @@ class RelativeSelfAttention(nn.Module):
         h, dh = self.n_head, self.d_head
         mem = self.ln_in(mem) if self.pre_ln else mem
         _, k_mem, v_mem = _heads(self.qkv(mem) + injection[:, :mem_len], h, dh)
+        v_mem = jnp.swapaxes(v_mem, 2, 3)  # [B, H, Dh, M]
         pos = self.drop_pos(sinusoid_positions(k_len, self.d_model, injection.dtype))  # [K, d]
         r = self.r_net(pos).reshape(k_len, h, dh).transpose(1, 0, 2)  # [H, K, Dh]
         r = jnp.broadcast_to(r, (mem.shape[0], *r.shape))  # [B, H, K, Dh]
@@ -213,13 +214,15 @@ class RelativeSelfAttention(nn.Module):
         h, dh = self.n_head, self.d_head
         q, k, v = _heads(self.qkv(self.ln_in(z) if self.pre_ln else z) + context.injection, h, dh)
         k = jnp.concatenate([context.k_mem, k], axis=2)  # [B, H, K, Dh]
-        v = jnp.concatenate([context.v_mem, v], axis=2)  # [B, H, K, Dh]
+        # values transposed: both operands of probs @ v contract their last axis, the
+        # form XLA's CPU backend hands to its fast matmul library
+        v = jnp.concatenate([context.v_mem, jnp.swapaxes(v, 2, 3)], axis=3)  # [B, H, Dh, K]
         content = jnp.einsum("bhid,bhjd->bhij", q + self.r_w_bias[:, None], k)  # [B, H, L, K]
         position = jnp.einsum("bhid,bhjd->bhij", q + self.r_r_bias[:, None], context.r)
         scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(dh, z.dtype))
         scores = jnp.where(context.mask, scores, jnp.finfo(scores.dtype).min)
         probs = self.drop_att(jax.nn.softmax(scores, axis=-1))  # [B, H, L, K]
-        vec = jnp.einsum("bhij,bhjd->bihd", probs, v).reshape(b, q_len, h * dh)  # [B, L, HD]
+        vec = jnp.einsum("bhij,bhdj->bihd", probs, v).reshape(b, q_len, h * dh)  # [B, L, HD]
         if self.pre_ln:
             vec = self.ln_vec(vec)
         out = self.drop_out(self.o_net(vec))  # [B, L, d]
