@@ -28,6 +28,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -145,6 +146,58 @@ class WeightNormConv(nn.Module):
         return y
 
 
+def _fold(sums: jax.Array, num_groups: int, count: int) -> jax.Array:
+    """Per-channel sums ``[B, C]`` -> per-group means ``[B, G]`` over ``count`` entries."""
+    return jnp.sum(sums.reshape(sums.shape[0], num_groups, -1), axis=-1) / count
+
+
+def _spread(per_group: jax.Array, channels: int) -> jax.Array:
+    """``[B, G] -> [B, 1, C]``: each group's value on each of its channels."""
+    per_channel = jnp.repeat(per_group, channels // per_group.shape[1], axis=1)
+    return per_channel[:, None, :]
+
+
+def _moments(rows: jax.Array, num_groups: int) -> tuple[jax.Array, jax.Array, int]:
+    """The mean and ``E[x^2] - mean^2`` (unclipped) of each sample and group of ``rows
+    [B, P, C]``, each from one reduction over ``P``, and the entries per group."""
+    count = rows.shape[1] * (rows.shape[2] // num_groups)
+    mean = _fold(jnp.sum(rows, axis=1), num_groups, count)  # [B, G]
+    raw_var = _fold(jnp.sum(jnp.square(rows), axis=1), num_groups, count) - jnp.square(mean)
+    return mean, raw_var, count
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _normalize_rows(rows, scale, bias, num_groups: int, epsilon: float) -> jax.Array:
+    """``rows [B, P, C]`` normalised per sample and group, times ``scale [C]`` plus
+    ``bias [C]`` (flax's fast variance, clipped at 0)."""
+    mean, raw_var, _ = _moments(rows, num_groups)
+    c = rows.shape[-1]
+    mul = _spread(jax.lax.rsqrt(jnp.maximum(raw_var, 0.0) + epsilon), c) * scale  # [B, 1, C]
+    return (rows - _spread(mean, c)) * mul + bias
+
+
+@_normalize_rows.defjvp
+def _normalize_rows_jvp(num_groups, epsilon, primals, tangents):
+    """The tangent as one pass over ``rows`` and its tangent for two per-channel sums and
+    one for the output, so that its transpose (the VJP) is likewise two reductions and
+    one elementwise pass, with ``rows`` and the per-group statistics as its only
+    residuals (autodiff of the primal keeps ``2 rows`` as well, and writes the
+    cotangent times the scale to memory before reducing it)."""
+    rows, scale, bias = primals
+    t_rows, t_scale, t_bias = tangents
+    mean, raw_var, count = _moments(rows, num_groups)
+    c = rows.shape[-1]
+    inv = jax.lax.rsqrt(jnp.maximum(raw_var, 0.0) + epsilon)  # [B, G]
+    centred = rows - _spread(mean, c)  # [B, P, C]
+    mul = _spread(inv, c) * scale
+    t_mean = _fold(jnp.sum(t_rows, axis=1), num_groups, count)
+    t_var = 2.0 * _fold(jnp.sum(centred * t_rows, axis=1), num_groups, count)
+    t_inv = jnp.where(raw_var > 0, -0.5 * inv**3 * t_var, 0.0)  # [B, G]
+    t_mul = _spread(t_inv, c) * scale + _spread(inv, c) * t_scale  # [B, 1, C]
+    t_shift = t_bias - _spread(t_mean, c) * mul  # [B, 1, C]: transposes to a sum of ct
+    return centred * mul + bias, t_rows * mul + centred * t_mul + t_shift
+
+
 def group_norm(
     x: jax.Array,
     num_groups: int,
@@ -161,10 +214,12 @@ def group_norm(
     are sums over the positions of ``x`` seen as ``[B, P, C]`` (each a single reduction
     over the middle axis, which XLA:CPU runs as one pass over ``x``), folded into
     groups afterwards; the output ``(x - m) * a + bias``, with the per-sample,
-    per-channel ``a = scale / sqrt(var + epsilon)`` computed once, is one more pass.
-    flax's module reduces the grouped view ``[B, P, G, C / G]`` over two axes and
-    spreads its statistics over the channels inside the output's loop: 2-4x slower
-    on MDEQ-TINY's group norms (docs/results/mdeq.md, "The cell's pieces").
+    per-channel ``a = scale / sqrt(var + epsilon)``, is one more pass. The derivative
+    is written out the same way (two reductions and one pass, both ways: see
+    `_normalize_rows_jvp`). flax's module reduces the grouped view ``[B, P, G, C / G]``
+    over two axes and spreads its statistics over the channels inside the output's
+    loop: several times slower on MDEQ-TINY's group norms, forward and backward
+    (docs/results/mdeq.md, "The cell's pieces on the CPU").
 
     Args:
       x: ``[B, ..., C]`` with ``C`` divisible by ``num_groups``.
@@ -180,20 +235,11 @@ def group_norm(
     b, c = x.shape[0], x.shape[-1]
     stats_dtype = jnp.promote_types(x.dtype, jnp.float32)
     rows = x.astype(stats_dtype).reshape(b, -1, c)  # [B, P, C]
-    count = rows.shape[1] * (c // num_groups)
-    fold = lambda s: jnp.sum(s.reshape(b, num_groups, -1), axis=-1) / count  # [B, G]
-    mean = fold(jnp.sum(rows, axis=1))
-    var = jnp.maximum(fold(jnp.sum(jnp.square(rows), axis=1)) - jnp.square(mean), 0.0)
-    spread = lambda t: jnp.repeat(t, c // num_groups, axis=1)  # [B, G] -> [B, C]
-    mul = spread(jax.lax.rsqrt(var + epsilon))
-    if scale is not None:
-        mul = mul * scale
-    trailing = (1,) * (x.ndim - 2)
-    y = (x - spread(mean).reshape(b, *trailing, c)) * mul.reshape(b, *trailing, c)
-    if bias is not None:
-        y = y + bias
     args = [a for a in (x, scale, bias) if a is not None]
-    return y.astype(dtype or jnp.result_type(*args))
+    scale = jnp.ones((c,), stats_dtype) if scale is None else scale
+    bias = jnp.zeros((c,), stats_dtype) if bias is None else bias
+    y = _normalize_rows(rows, scale, bias, num_groups, epsilon)
+    return y.reshape(x.shape).astype(dtype or jnp.result_type(*args))
 
 
 class GroupNorm(nn.Module):
