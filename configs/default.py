@@ -37,6 +37,9 @@ Sections:
     a neural-solver run (`NeuralSolverSpec`): the fitted solver's ``tol`` and
     ``max_iter`` (also those of the Anderson it is compared with) and the reference
     Anderson solve of its fitting targets (``target_tol``, ``target_max_iter``).
+    ``compute_dtype="bfloat16"`` runs the cell in bfloat16 inside the solve, the
+    solver's state, residuals and the parameters staying float32 (``""``: the state's
+    dtype; `deq_jax.nn.DEQSpec`, for accelerators).
   train: steps, global batch size, optimiser, schedule, clipping, seed,
     ``pretrain_steps`` (a warm-up: the first steps train the same parameters as the
     explicit weight-tied network, for models with ``mode="weight_tied"``, e.g. MDEQ),
@@ -278,6 +281,7 @@ def get_config() -> ConfigDict:
             eval_max_iter=30,
             settle_patience=0,
             settle_tol=0.0,
+            compute_dtype="",
         )
     )
     config.deq.neural_solver = dataclass_section(NeuralSolverSpec, only=BUDGET_FIELDS)

@@ -248,7 +248,9 @@ class DEQ(nn.Module):
         def f(z, args):
             cell_vars, x_in, key = args
             rngs = None if key is None else {"dropout": key}
-            return module.apply(cell_vars, z, x_in, rngs=rngs)
+            cell = lambda z_c, v, x_c: module.apply(v, z_c, x_c, rngs=rngs)
+            # spec.compute_dtype: the cell in bfloat16, the solver's state in float32
+            return self.spec.in_compute_dtype(cell, z, cell_vars, x_in)
 
         return EquilibriumProblem(f, z0, (variables, x, dropout_key), solver)
 

@@ -46,6 +46,7 @@ DEQ_FIELDS = (
     "settle_patience",
     "settle_tol",
     "neural_solver",
+    "compute_dtype",
 )
 
 
@@ -140,7 +141,8 @@ def build_backward(config: Any) -> Backward:
 
 def build_deq_spec(config: Any) -> DEQSpec:
     """The `DEQSpec` of ``config.deq``: its ``solver`` and ``backward`` sections, the
-    initial state and the budgets (0: the solver's ``max_iter``).
+    initial state, the budgets (0: the solver's ``max_iter``) and the cell's
+    ``compute_dtype`` (``""``: the state's dtype).
 
     Raises:
       ValueError: for an unknown field, solver, backward mode or keyword, listing the
@@ -157,6 +159,7 @@ def build_deq_spec(config: Any) -> DEQSpec:
         z_init=section.get("z_init", "zeros"),
         train_max_iter=section.get("train_max_iter") or None,
         eval_max_iter=section.get("eval_max_iter") or None,
+        compute_dtype=section.get("compute_dtype") or None,
     )
 
 
