@@ -2,6 +2,7 @@
 
 import flax.linen as nn
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -373,3 +374,48 @@ def test_stats_probe_through_the_module():
     stats = dj.backward.read_stats_probe(g_probe)
     assert float(stats["converged_fraction"]) == 1.0
     assert float(stats["nstep_max"]) >= 2
+
+
+class _PreparedCell(nn.Module):
+    """``z -> tanh(W z + cosh(x))``: ``cosh(x)`` is its state-independent part."""
+
+    @nn.compact
+    def __call__(self, z, x):
+        if not isinstance(x, dict):
+            x = self.prepare(x)
+        return jnp.tanh(nn.Dense(z.shape[-1], name="w")(z) + x["c"])
+
+    def prepare(self, x):
+        return {"c": jnp.cosh(x)}
+
+
+def _while_bodies(jaxpr):
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            yield eqn.params["body_jaxpr"].jaxpr
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _while_bodies(sub)
+
+
+def _primitives(jaxpr):
+    names = {eqn.primitive.name for eqn in jaxpr.eqns}
+    for eqn in jaxpr.eqns:
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+def test_a_cells_prepare_runs_once_outside_the_solvers_loop():
+    x = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    model = DEQ(_PreparedCell(), solver=dj.solvers.anderson(tol=1e-8, max_iter=50))
+    variables = model.init(jax.random.PRNGKey(0), x, train=False)
+    loss = lambda v: jnp.sum(model.apply(v, x, train=False)[0] ** 2)
+    jaxpr = jax.make_jaxpr(jax.value_and_grad(loss))(variables).jaxpr
+    bodies = list(_while_bodies(jaxpr))
+    assert bodies and all("cosh" not in _primitives(body) for body in bodies)
+    assert "cosh" in _primitives(jaxpr)
+    # the prepared solve is the unprepared cell's fixed point, gradients included
+    unprepared = lambda v, z: _PreparedCell().apply({"params": v["params"]["cell"]}, z, x)
+    z_star, _ = model.apply(variables, x, train=False)
+    np.testing.assert_allclose(unprepared(variables, z_star), z_star, atol=1e-6)
+    check_grads(loss, (variables,), order=1, modes=["rev"], atol=2e-2, rtol=2e-2)

@@ -57,6 +57,13 @@ class DEQ(nn.Module):
     explicit ``z0`` argument overrides ``z_init`` and must match the spec if the cell
     declares one.
 
+    Work done once per solve. A cell may define ``prepare(self, x) -> x'``: what does
+    not depend on the state (e.g. the language model's memory keys and projected
+    positions). The DEQ applies it once, with the solve's dropout key, and every
+    iteration calls ``cell(z, x')``; ``x'`` is the ``x`` of `problem`'s ``args``, and
+    gradients reach the variables through both. ``cell(z, x)`` on an unprepared ``x``
+    must give the same result.
+
     Train and eval. ``train`` is a required keyword. In training, the DEQ draws one key
     from the ``"dropout"`` rng stream per call (if the caller supplied that stream) and
     hands the same key to every cell evaluation, so `VariationalDropout` keeps one mask
@@ -244,6 +251,10 @@ class DEQ(nn.Module):
         solver = self.solver_for(train, max_iter)
         module, variables = self.cell.unbind()
         dropout_key = self.make_rng("dropout") if train and self.has_rng("dropout") else None
+        if callable(getattr(module, "prepare", None)):
+            # the cell's state-independent work, once per solve instead of per iteration
+            rngs = None if dropout_key is None else {"dropout": dropout_key}
+            x = module.apply(variables, x, rngs=rngs, method=type(module).prepare)
 
         def f(z, args):
             cell_vars, x_in, key = args
