@@ -13,13 +13,24 @@ import jax.numpy as jnp
 from deq_jax.models.language.attention import (
     _uniform_bias,
     attention_mask,
-    dense,
-    layer_norm,
     rel_shift,
     sinusoid_positions,
 )
 from deq_jax.models.language.cell import LN_PLACEMENTS, Memory
 from deq_jax.nn.dropout import VariationalDropout
+from deq_jax.nn.norms import WeightNormDense
+
+
+def dense(features: int, *, use_bias: bool, weight_norm: bool, dtype: Any, name: str) -> nn.Module:
+    if weight_norm:
+        return WeightNormDense(features, use_bias=use_bias, param_dtype=dtype, name=name)
+    return nn.Dense(features, use_bias=use_bias, param_dtype=dtype, dtype=dtype, name=name)
+
+
+def layer_norm(learnable: bool, dtype: Any, name: str) -> nn.Module:
+    return nn.LayerNorm(
+        use_scale=learnable, use_bias=learnable, dtype=dtype, param_dtype=dtype, name=name
+    )
 
 
 class ReferenceAttention(nn.Module):
