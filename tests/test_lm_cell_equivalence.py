@@ -10,7 +10,7 @@ import pytest
 from lm_cell_reference import ReferenceCell
 
 import deq_jax as dj
-from deq_jax.models.language import DEQTransformerCell, Memory
+from deq_jax.models.language import DEQTransformerCell, Memory, attention
 from deq_jax.nn import DEQ, DEQSpec
 
 B, L, M, D, H, DH, DI = 2, 5, 4, 8, 2, 4, 16
@@ -91,3 +91,20 @@ def test_deq_solves_the_prepared_cell_and_differentiates_through_the_preparation
             jax.tree_util.tree_leaves(g_new), jax.tree_util.tree_leaves(g_ref), strict=True
         ):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_the_cpu_fusion_barrier_leaves_outputs_and_gradients_unchanged(monkeypatch):
+    cell, _ = _cells("post", jnp.float32)
+    z, x = _inputs(jnp.float32, [M, 1])
+    variables = cell.init(jax.random.PRNGKey(0), z, x)
+    rngs = {"dropout": jax.random.PRNGKey(4)}
+    value_and_grad = lambda: jax.value_and_grad(
+        lambda v: jnp.sum(jnp.sin(cell.apply(v, z, x, rngs=rngs)))
+    )(variables)
+    barrier = value_and_grad()  # the CPU path: behind the barrier
+    monkeypatch.setattr(attention, "unfused_on_cpu", lambda probs: probs)  # the general path
+    general = value_and_grad()
+    for a, b in zip(
+        jax.tree_util.tree_leaves(barrier), jax.tree_util.tree_leaves(general), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

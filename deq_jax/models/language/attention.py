@@ -101,6 +101,20 @@ def layer_norm(learnable: bool, dtype: Any, name: str | None = None) -> nn.Modul
     )
 
 
+def unfused_on_cpu(x: jax.Array) -> jax.Array:
+    """``x`` unchanged; on the CPU backend behind an optimisation barrier.
+
+    XLA:CPU otherwise fuses the softmax into its matmul library's call for
+    ``probs @ v`` as a prologue, which made that product cost about three times the
+    softmax and the product apart inside a solver's loop (profiled with
+    ``jax.profiler`` on the LM eval step, issue 70). Accelerators keep their own
+    fusion decisions. The values are the same either way
+    (`tests/test_lm_cell_equivalence.py`)."""
+    if jax.default_backend() == "cpu":
+        return jax.lax.optimization_barrier(x)
+    return x
+
+
 class AttentionContext(NamedTuple):
     """What the attention reads that does not depend on the state: built once per solve
     by `RelativeSelfAttention.prepare`, read by every iteration.
@@ -222,6 +236,7 @@ class RelativeSelfAttention(nn.Module):
         scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(dh, z.dtype))
         scores = jnp.where(context.mask, scores, jnp.finfo(scores.dtype).min)
         probs = self.drop_att(jax.nn.softmax(scores, axis=-1))  # [B, H, L, K]
+        probs = unfused_on_cpu(probs)
         vec = jnp.einsum("bhij,bhdj->bihd", probs, v).reshape(b, q_len, h * dh)  # [B, L, HD]
         if self.pre_ln:
             vec = self.ln_vec(vec)
