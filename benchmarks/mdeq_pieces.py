@@ -19,27 +19,33 @@ calls after a warm-up) of:
 
 Each piece is a jitted function of its arguments; the pullbacks close over their
 residuals (a `jax.vjp` outside the timed call). The pieces are timed in turns (one call
-of each, ``--repeats`` rounds), so a busy machine slows all of them alike. Run from the
-repository root::
+of each, ``--repeats`` rounds), so a busy machine slows all of them alike. With
+``--reference`` every piece is also built as the code computed it before its CPU
+speed-ups (`reference`: flax's `flax.linen.GroupNorm`, no widened convolutions) and
+timed in the same turns, its name suffixed ``_ref``. Prints medians (``ms``) and minima
+(``min_ms``). Run from the repository root::
 
-    python -m benchmarks.mdeq_pieces --repeats 20
+    python -m benchmarks.mdeq_pieces --repeats 20 --reference
 
-To compare two versions of the code, run this file against each in turns (e.g. a
+To compare two commits instead, run this file against each in turns (e.g. a
 ``git worktree`` of the older commit on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import flax.linen as nn
 import jax
 
 from configs import mdeq_fashion_mnist
 from deq_jax.models.mdeq import blocks
+from deq_jax.nn import conv as conv_lib
 from deq_jax.nn import deq_call
 from deq_jax.training import build
 
@@ -52,6 +58,22 @@ def tiny_model():
     config.model.head_channels = (1, 1)
     config.model.final_channels = 4
     return build.build_model(config.model, build.build_deq_spec(config.deq))
+
+
+@contextlib.contextmanager
+def reference() -> Iterator[None]:
+    """Within the block, MDEQ's cell traces as before its CPU speed-ups: flax's
+    `flax.linen.GroupNorm` in every group norm and no convolution computed with extra
+    rows (`deq_jax.nn.conv.wide_rows_apply`)."""
+    patched = blocks.group_norm, conv_lib.wide_rows_apply
+    blocks.group_norm = lambda num_groups, name=None: nn.GroupNorm(
+        num_groups=num_groups, epsilon=blocks.GROUP_NORM_EPS, name=name
+    )
+    conv_lib.wide_rows_apply = lambda *args: False
+    try:
+        yield
+    finally:
+        blocks.group_norm, conv_lib.wide_rows_apply = patched
 
 
 def _layer_pieces(name: str, module, x: jax.Array) -> dict[str, tuple[Callable, tuple]]:
@@ -104,28 +126,44 @@ def pieces(which: set[str]) -> dict[str, tuple[Callable, tuple]]:
     return out
 
 
-def time_pieces(todo: dict[str, tuple[Callable, tuple]], repeats: int) -> dict[str, float]:
-    """Median milliseconds per piece (a loop's per step), the pieces called in turns."""
+def compiled(todo: dict[str, tuple[Callable, tuple]]) -> dict[str, tuple[Callable, tuple]]:
+    """``todo`` after one call of each piece (its compile and warm-up)."""
     for fn, args in todo.values():
-        jax.block_until_ready(fn(*args))  # compile and warm up
+        jax.block_until_ready(fn(*args))
+    return todo
+
+
+def time_pieces(todo: dict[str, tuple[Callable, tuple]], repeats: int) -> dict[str, dict]:
+    """Median and minimum milliseconds per piece (a loop's per step), the pieces called
+    in turns."""
     times = {name: [] for name in todo}
     for _ in range(repeats):
         for name, (fn, args) in todo.items():
             began = time.perf_counter()
             jax.block_until_ready(fn(*args))
             times[name].append(1e3 * (time.perf_counter() - began))
-    per_call = {k: 4 if k.endswith("_loop") else 1 for k in todo}
-    return {k: round(statistics.median(v) / per_call[k], 2) for k, v in times.items()}
+    per_call = {k: 4 if "_loop" in k else 1 for k in todo}
+    summary = {"ms": statistics.median, "min_ms": min}
+    return {
+        key: {k: round(stat(v) / per_call[k], 2) for k, v in times.items()}
+        for key, stat in summary.items()
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--pieces", default="gn,conv,cell", help="Comma-separated subset.")
+    parser.add_argument("--reference", action="store_true", help="Also time `reference`.")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    result = time_pieces(pieces(set(args.pieces.split(","))), args.repeats)
-    print(json.dumps({"tag": args.tag, "repeats": args.repeats, "ms": result}), flush=True)
+    which = set(args.pieces.split(","))
+    todo = compiled(pieces(which))
+    if args.reference:
+        with reference():
+            todo.update(compiled({f"{k}_ref": v for k, v in pieces(which).items()}))
+    result = time_pieces(todo, args.repeats)
+    print(json.dumps({"tag": args.tag, "repeats": args.repeats, **result}), flush=True)
 
 
 if __name__ == "__main__":

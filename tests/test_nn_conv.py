@@ -1,6 +1,7 @@
 """Tests of the convolution with CPU-friendly derivatives (`deq_jax.nn.conv`).
 
-Its value must be `jax.lax.conv_general_dilated`'s bit for bit, and every derivative
+Its value must be `jax.lax.conv_general_dilated`'s bit for bit (to rounding where a
+widening convolution is computed with two extra rows), and every derivative
 (reverse, forward, reverse over reverse, inside loops) must match lax's to rounding;
 what it changes is only the program the derivatives compile to.
 """
@@ -38,6 +39,17 @@ def _problem(shape, window, seed=0, out_channels=4):
     x = jnp.asarray(rng.standard_normal(shape))
     w = jnp.asarray(rng.standard_normal((*window, shape[-1], out_channels)))
     return x, w
+
+
+def _conv_rows(jaxpr) -> list[int]:
+    """The output rows (axis 1) of every convolution in ``jaxpr`` and its sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            found.extend(o.aval.shape[1] for o in eqn.outvars)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_conv_rows(sub))
+    return found
 
 
 def _conv_numbers(jaxpr) -> list[tuple]:
@@ -232,3 +244,84 @@ def test_weight_norm_conv_takes_the_fast_path():
     layer = WeightNormConv(4, (3, 3))
     params = layer.init(jax.random.key(1), x)
     assert "custom_jvp_call" in str(jax.make_jaxpr(lambda x: layer.apply(params, x))(x))
+
+
+def _pads(x, window, strides, padding):
+    """Explicit ``(lo, hi)`` pairs of ``padding``."""
+    if isinstance(padding, str):
+        return tuple(jax.lax.padtype_to_pads(x.shape[1:-1], window, strides, padding))
+    return padding
+
+
+# (input shape, window, padding) of widening convolutions (at least 2x and 64 channels),
+# which take `wide_rows_apply`'s form.
+WIDE = [
+    ((2, 6, 5, 8), (3, 3), ((1, 1), (1, 1))),
+    ((2, 6, 5, 8), (3, 3), "SAME"),
+    ((2, 5, 7, 3), (3, 3), ((0, 2), (2, 0))),
+    ((2, 4, 4, 8), (5, 3), ((2, 2), (1, 1))),
+]
+
+
+@pytest.mark.parametrize("shape, window, padding", WIDE)
+def test_widening_convolutions_compute_two_extra_rows_and_match_lax(x64, shape, window, padding):
+    x, w = _problem(shape, window, out_channels=64)
+    assert conv_lib.wide_rows_apply(x, w, (1, 1), _pads(x, window, (1, 1), padding))
+    reference, fast = _pair(x, padding, 1)
+    rows = _conv_rows(jax.make_jaxpr(fast)(x, w).jaxpr)
+    assert rows and all(r == shape[1] + 2 for r in rows)  # the custom_jvp's primal: h + 2
+    y = reference(x, w)
+    np.testing.assert_allclose(jax.jit(fast)(x, w), y, rtol=1e-12, atol=1e-12)
+    c = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape))
+    for got, want in zip(jax.vjp(fast, x, w)[1](c), jax.vjp(reference, x, w)[1](c), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    tangents = (0.3 * x, -w)
+    np.testing.assert_allclose(
+        jax.jvp(fast, (x, w), tangents)[1],
+        jax.jvp(reference, (x, w), tangents)[1],
+        rtol=1e-12,
+        atol=1e-12,
+    )
+
+
+def test_narrowing_convolutions_input_gradient_is_widening_inside_a_loop(x64):
+    """A ``5C -> C`` convolution's input gradient is a ``C -> 5C`` one: widened, and
+    right, inside the loop of an implicit backward solve."""
+    x, w = _problem((2, 5, 6, 64), (3, 3), out_channels=8)
+    w = 0.05 * w
+    reference, fast = _pair(x, ((1, 1), (1, 1)), 1)
+    u = jnp.asarray(np.random.default_rng(2).standard_normal((2, 5, 6, 8)))
+
+    def iterate(conv):
+        def body(_, v):
+            return 0.5 * jax.vjp(lambda z: conv(z, w), x)[1](u)[0] + v
+
+        return jax.jit(lambda: jax.lax.fori_loop(0, 3, body, x))()
+
+    np.testing.assert_allclose(iterate(fast), iterate(reference), rtol=1e-12, atol=1e-12)
+    pullback = jax.vjp(lambda z: fast(z, w), x)[1]
+    rows = set(_conv_rows(jax.make_jaxpr(pullback)(u).jaxpr))
+    assert rows == {7}, rows  # the input gradient's convolution: h + 2 rows
+
+
+def test_widening_convolution_matches_lax_in_float32():
+    x, w = _problem((4, 10, 9, 24), (3, 3), out_channels=120)
+    x, w = x.astype(jnp.float32), (0.05 * w).astype(jnp.float32)
+    reference, fast = _pair(x, ((1, 1), (1, 1)), 1)
+    np.testing.assert_allclose(jax.jit(fast)(x, w), jax.jit(reference)(x, w), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "shape, window, padding, stride, out_channels",
+    [
+        ((2, 6, 5, 8), (3, 3), ((1, 1), (1, 1)), 2, 64),  # strided
+        ((2, 6, 5, 40), (3, 3), ((1, 1), (1, 1)), 1, 64),  # less than 2x wider
+        ((2, 6, 5, 8), (3, 3), ((1, 1), (1, 1)), 1, 32),  # fewer than 64 channels
+        ((2, 6, 5, 8), (3, 3), ((0, 0), (1, 1)), 1, 64),  # output rows within the input's
+        ((2, 9, 8), (3,), ((1, 1),), 1, 64),  # 1-d
+    ],
+)
+def test_other_convolutions_are_not_widened(shape, window, padding, stride, out_channels):
+    x, w = _problem(shape, window, out_channels=out_channels)
+    strides = (stride,) * len(window)
+    assert not conv_lib.wide_rows_apply(x, w, strides, _pads(x, window, strides, padding))

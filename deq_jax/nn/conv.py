@@ -2,10 +2,10 @@
 
 `conv_general_dilated` is a drop-in for `jax.lax.conv_general_dilated`, and `Conv` is
 `flax.linen.Conv` built on it (every convolution layer of deq_jax uses one of the two).
-Its value is the lax convolution's, bit for bit. What changes, on the CPU backend and
-for the convolutions of deq_jax's models (channels last, any stride, no dilation, one
-feature group, padding between 0 and ``k - 1`` on each side), is the program its
-derivatives compile to:
+Its value is the lax convolution's, bit for bit (to rounding for the widening ones,
+last item below). What changes, on the CPU backend and for the convolutions of
+deq_jax's models (channels last, any stride, no dilation, one feature group, padding
+between 0 and ``k - 1`` on each side), is the program they compile to:
 
 * **The input gradient** (what an implicit backward solve evaluates at every iteration)
   is one ordinary convolution of the cotangent with the flipped kernel whose input and
@@ -18,6 +18,14 @@ derivatives compile to:
 * **The weight gradient** is a sum over the kernel's taps of matrix products of a
   shifted input window with the cotangent, instead of XLA:CPU's weight-gradient
   convolution (up to 6x slower on MDEQ's).
+* **Widening 2-d convolutions** (`wide_rows_apply`: stride 1, at least twice and at
+  least 64 output channels, such as MDEQ's ``C -> 5C`` ones and the input gradients of
+  its ``5C -> C`` ones) are computed with one extra output row at each end, which are
+  dropped. XLA:CPU (jaxlib 0.10) runs a 2-d float32 convolution on YNNPACK, on one
+  core, unless the output is larger than the input; then its own (Eigen) kernel runs
+  it on every core. On MDEQ-TINY's ``24 -> 120`` convolutions at 28x28 that is 1.6-1.8x faster on
+  2 idle cores, and the cell's VJP in a loop 0.84x (docs/results/mdeq.md, "MDEQ-TINY's
+  cell on the CPU"); the value differs from lax's by rounding.
 
 Both are ordinary differentiable operations, so higher derivatives (the Jacobian
 regulariser differentiates a VJP) stay exact. Forward-mode products (`jax.jvp`,
@@ -117,11 +125,40 @@ def fast_path_applies(
     return all(0 <= lo < k and 0 <= hi < k for (lo, hi), k in zip(pads, window, strict=True))
 
 
+def wide_rows_apply(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads) -> bool:
+    """Whether the CPU path computes this convolution with two extra output rows.
+
+    True for a 2-d, stride-1 convolution that widens the channels (at least 2x, to at
+    least 64: MDEQ's ``C -> 5C`` convolutions, forward, and its ``5C -> C`` ones'
+    input gradients) and whose output rows, padded by one more row at each end, outnumber
+    its input rows. XLA:CPU hands a 2-d convolution to YNNPACK, on one core, unless its
+    output is larger than its input; then its own convolution kernel runs it on every
+    core: on 2 idle cores 1.6-1.8x faster for these (slower for the ``5C -> C`` ones, as
+    fast for ``C -> 2C``), so the two rows computed too many cost less than they save.
+    On a machine whose other core is busy the gain shrinks (docs/results/mdeq.md,
+    "MDEQ-TINY's cell on the CPU").
+    """
+    if x.ndim != 4 or tuple(strides) != (1, 1):
+        return False
+    (lo, hi), _ = pads
+    c_in, c_out = w.shape[-2:]
+    return c_out >= max(2 * c_in, 64) and lo + hi + 3 > w.shape[0]
+
+
 def _conv(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads, precision: Any) -> jax.Array:
-    """The plain channels-last convolution."""
-    return jax.lax.conv_general_dilated(
-        x, w, strides, pads, dimension_numbers=channels_last_numbers(x.ndim), precision=precision
-    )
+    """The channels-last convolution; where `wide_rows_apply`, computed with one more
+    output row at each end of the first spatial axis, which are dropped."""
+    numbers = channels_last_numbers(x.ndim)
+    if not wide_rows_apply(x, w, strides, pads):
+        return jax.lax.conv_general_dilated(
+            x, w, strides, pads, dimension_numbers=numbers, precision=precision
+        )
+    (lo, hi), *rest = pads
+    wide = ((lo + 1, hi + 1), *rest)
+    y = jax.lax.conv_general_dilated(
+        x, w, strides, wide, dimension_numbers=numbers, precision=precision
+    )  # [B, h + 2, w, out]
+    return y[:, 1:-1]
 
 
 def _every(strides: Strides) -> tuple[slice, ...]:

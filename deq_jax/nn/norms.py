@@ -151,51 +151,58 @@ def _fold(sums: jax.Array, num_groups: int, count: int) -> jax.Array:
     return jnp.sum(sums.reshape(sums.shape[0], num_groups, -1), axis=-1) / count
 
 
-def _spread(per_group: jax.Array, channels: int) -> jax.Array:
-    """``[B, G] -> [B, 1, C]``: each group's value on each of its channels."""
-    per_channel = jnp.repeat(per_group, channels // per_group.shape[1], axis=1)
-    return per_channel[:, None, :]
+def _spread(per_group: jax.Array, like: jax.Array) -> jax.Array:
+    """``[B, G] -> [B, 1, ..., 1, C]``: each group's value on each of its channels, shaped
+    to broadcast against ``like [B, ..., C]``."""
+    b, c = like.shape[0], like.shape[-1]
+    per_channel = jnp.repeat(per_group, c // per_group.shape[1], axis=1)  # [B, C]
+    return per_channel.reshape(b, *(1,) * (like.ndim - 2), c)
 
 
-def _moments(rows: jax.Array, num_groups: int) -> tuple[jax.Array, jax.Array, int]:
-    """The mean and ``E[x^2] - mean^2`` (unclipped) of each sample and group of ``rows
-    [B, P, C]``, each from one reduction over ``P``, and the entries per group."""
-    count = rows.shape[1] * (rows.shape[2] // num_groups)
-    mean = _fold(jnp.sum(rows, axis=1), num_groups, count)  # [B, G]
-    raw_var = _fold(jnp.sum(jnp.square(rows), axis=1), num_groups, count) - jnp.square(mean)
+def _channel_sums(x: jax.Array) -> jax.Array:
+    """``[B, ..., C] -> [B, C]``: one reduction over the positions of ``x`` seen as
+    ``[B, P, C]``."""
+    return jnp.sum(x.reshape(x.shape[0], -1, x.shape[-1]), axis=1)
+
+
+def _moments(x: jax.Array, num_groups: int) -> tuple[jax.Array, jax.Array, int]:
+    """The mean and ``E[x^2] - mean^2`` (unclipped) of each sample and group of ``x
+    [B, ..., C]``, each from one reduction, and the entries per group."""
+    count = x.size // x.shape[0] // num_groups
+    mean = _fold(_channel_sums(x), num_groups, count)  # [B, G]
+    raw_var = _fold(_channel_sums(jnp.square(x)), num_groups, count) - jnp.square(mean)
     return mean, raw_var, count
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
-def _normalize_rows(rows, scale, bias, num_groups: int, epsilon: float) -> jax.Array:
-    """``rows [B, P, C]`` normalised per sample and group, times ``scale [C]`` plus
-    ``bias [C]`` (flax's fast variance, clipped at 0)."""
-    mean, raw_var, _ = _moments(rows, num_groups)
-    c = rows.shape[-1]
-    mul = _spread(jax.lax.rsqrt(jnp.maximum(raw_var, 0.0) + epsilon), c) * scale  # [B, 1, C]
-    return (rows - _spread(mean, c)) * mul + bias
+def _normalize(x, scale, bias, num_groups: int, epsilon: float) -> jax.Array:
+    """``x [B, ..., C]`` normalised per sample and group, times ``scale [C]`` plus
+    ``bias [C]`` (flax's fast variance, clipped at 0). The elementwise work is done in
+    the shape of ``x``, so that XLA can write the output over a dead input."""
+    mean, raw_var, _ = _moments(x, num_groups)
+    mul = _spread(jax.lax.rsqrt(jnp.maximum(raw_var, 0.0) + epsilon), x) * scale
+    return (x - _spread(mean, x)) * mul + bias
 
 
-@_normalize_rows.defjvp
-def _normalize_rows_jvp(num_groups, epsilon, primals, tangents):
-    """The tangent as one pass over ``rows`` and its tangent for two per-channel sums and
+@_normalize.defjvp
+def _normalize_jvp(num_groups, epsilon, primals, tangents):
+    """The tangent as one pass over ``x`` and its tangent for two per-channel sums and
     one for the output, so that its transpose (the VJP) is likewise two reductions and
-    one elementwise pass, with ``rows`` and the per-group statistics as its only
-    residuals (autodiff of the primal keeps ``2 rows`` as well, and writes the
-    cotangent times the scale to memory before reducing it)."""
-    rows, scale, bias = primals
-    t_rows, t_scale, t_bias = tangents
-    mean, raw_var, count = _moments(rows, num_groups)
-    c = rows.shape[-1]
+    one elementwise pass, with ``x`` and the per-group statistics as its only residuals
+    (autodiff of the primal keeps ``2 x`` as well, and writes the cotangent times the
+    scale to memory before reducing it)."""
+    x, scale, bias = primals
+    t_x, t_scale, t_bias = tangents
+    mean, raw_var, count = _moments(x, num_groups)
     inv = jax.lax.rsqrt(jnp.maximum(raw_var, 0.0) + epsilon)  # [B, G]
-    centred = rows - _spread(mean, c)  # [B, P, C]
-    mul = _spread(inv, c) * scale
-    t_mean = _fold(jnp.sum(t_rows, axis=1), num_groups, count)
-    t_var = 2.0 * _fold(jnp.sum(centred * t_rows, axis=1), num_groups, count)
+    centred = x - _spread(mean, x)  # [B, ..., C]
+    mul = _spread(inv, x) * scale  # [B, 1, ..., 1, C]
+    t_mean = _fold(_channel_sums(t_x), num_groups, count)
+    t_var = 2.0 * _fold(_channel_sums(centred * t_x), num_groups, count)
     t_inv = jnp.where(raw_var > 0, -0.5 * inv**3 * t_var, 0.0)  # [B, G]
-    t_mul = _spread(t_inv, c) * scale + _spread(inv, c) * t_scale  # [B, 1, C]
-    t_shift = t_bias - _spread(t_mean, c) * mul  # [B, 1, C]: transposes to a sum of ct
-    return centred * mul + bias, t_rows * mul + centred * t_mul + t_shift
+    t_mul = _spread(t_inv, x) * scale + _spread(inv, x) * t_scale
+    t_shift = t_bias - _spread(t_mean, x) * mul  # transposes to a sum of the cotangent
+    return centred * mul + bias, t_x * mul + centred * t_mul + t_shift
 
 
 def group_norm(
@@ -216,10 +223,9 @@ def group_norm(
     groups afterwards; the output ``(x - m) * a + bias``, with the per-sample,
     per-channel ``a = scale / sqrt(var + epsilon)``, is one more pass. The derivative
     is written out the same way (two reductions and one pass, both ways: see
-    `_normalize_rows_jvp`). flax's module reduces the grouped view ``[B, P, G, C / G]``
-    over two axes and spreads its statistics over the channels inside the output's
-    loop: several times slower on MDEQ-TINY's group norms, forward and backward
-    (docs/results/mdeq.md, "The cell's pieces on the CPU").
+    `_normalize_jvp`). flax's module reduces the grouped view ``[B, P, G, C / G]``
+    over two axes: on MDEQ-TINY's group norms its forward pass is 2-6x slower, its
+    backward pass about as fast (docs/results/mdeq.md, "MDEQ-TINY's cell on the CPU").
 
     Args:
       x: ``[B, ..., C]`` with ``C`` divisible by ``num_groups``.
@@ -232,14 +238,13 @@ def group_norm(
     Returns:
       The normalised ``x``, its shape.
     """
-    b, c = x.shape[0], x.shape[-1]
+    c = x.shape[-1]
     stats_dtype = jnp.promote_types(x.dtype, jnp.float32)
-    rows = x.astype(stats_dtype).reshape(b, -1, c)  # [B, P, C]
     args = [a for a in (x, scale, bias) if a is not None]
     scale = jnp.ones((c,), stats_dtype) if scale is None else scale
     bias = jnp.zeros((c,), stats_dtype) if bias is None else bias
-    y = _normalize_rows(rows, scale, bias, num_groups, epsilon)
-    return y.reshape(x.shape).astype(dtype or jnp.result_type(*args))
+    y = _normalize(x.astype(stats_dtype), scale, bias, num_groups, epsilon)
+    return y.astype(dtype or jnp.result_type(*args))
 
 
 class GroupNorm(nn.Module):
