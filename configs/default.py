@@ -25,7 +25,9 @@ Sections:
     ``"sequence(fixed_point_iteration:3, anderson)"``, ``"restart(anderson)"``) whose
     parts read their sub-sections (``fallback.patience``, ``restart.patience``);
     ``backward.name`` picks `deq_jax.backward.get(name, ...)` with the fields of the
-    sub-section named like it (``phantom.k``, ...); ``backward.ift.solver=""``
+    sub-section named like it (``phantom.k``, ...); ``backward.name="reversible"``
+    (the reversible DEQ's exact gradient) needs ``solver.name="reversible"``
+    (``reversible.beta``); ``backward.ift.solver=""``
     inherits the forward solver, whose tolerance and budget a non-zero ``ift.tol`` and
     ``ift.max_iter`` change, and a solver name (or ``"gmres"``) uses that one with
     them. ``z_init`` is the initial state (``zeros``, ``normal``, ``mixed``);
@@ -266,6 +268,7 @@ def get_config() -> ConfigDict:
                 fixed_point_iteration=dict(tau=1.0),
                 anderson=dict(m=5, beta=1.0, lam=1e-4),
                 broyden=dict(memory=20),
+                reversible=dict(beta=0.8),
                 fallback=dict(patience=10, growth=100.0),
                 restart=dict(patience=10),
             ),
@@ -275,6 +278,7 @@ def get_config() -> ConfigDict:
                 phantom=dict(k=5, tau=0.5),
                 jacobian_free=dict(),
                 unrolled=dict(),
+                reversible=dict(),
             ),
             z_init="zeros",
             train_max_iter=30,

@@ -22,6 +22,7 @@ same parameters as a 2-layer weight-tied stack. Variants (alone or joined by com
     python -m launch.main --config configs/lm_shakespeare.py:jacobian --workdir /tmp/lm_jac
     python -m launch.main --config configs/lm_shakespeare.py:pre_ln,jacobian --workdir /tmp/lm_pre
     python -m launch.main --config configs/lm_shakespeare.py:unrolled --workdir /tmp/lm_unrolled
+    python -m launch.main --config configs/lm_shakespeare.py:reversible --workdir /tmp/lm_rev
     python -m launch.main --config configs/lm_shakespeare.py:gpu --workdir /tmp/lm_gpu
 
 ``weight_tied``: the block stacked ``n_layer`` times with shared weights (same
@@ -29,7 +30,9 @@ parameters and steps as the DEQ); ``untied``: 6 blocks with their own weights an
 narrower feed-forward (d_inner 192: 3.1x the DEQ's parameters); ``jacobian``: the
 Jacobian regulariser of Bai et al. 2021; ``pre_ln``: torchdeq's pre-LN cell;
 ``unrolled``: torchdeq's deq-lm recipe (K unrolled steps plus the fixed-point
-correction loss in training, a solve in evaluation); ``gpu``: a model sized for one
+correction loss in training, a solve in evaluation); ``reversible``: the reversible DEQ
+of McCallum et al. 2025 (b 0.5, 9 evaluations, the exact gradient in constant memory,
+docs/results/reversible.md); ``gpu``: a model sized for one
 accelerator; ``smoke``: for tests, a tiny model, 4 steps and 2 segments per split
 evaluated (25-31 s of wall time on an idle 2-core CPU, 2026-12-01, of which about 9 s
 compile: 21 s with the compilation cached).
@@ -41,13 +44,14 @@ References:
   Bai, Koltun & Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
   ICML 2021.
   Geng & Kolter, "TorchDEQ: A Library for Deep Equilibrium Models", 2023.
+  McCallum, Arora & Foster, "Reversible Deep Equilibrium Models", 2025.
 """
 
 from ml_collections import ConfigDict
 
 from configs import default
 
-VARIANTS = ("smoke", "gpu", "weight_tied", "untied", "jacobian", "pre_ln", "unrolled")
+VARIANTS = ("smoke", "gpu", "weight_tied", "untied", "jacobian", "pre_ln", "unrolled", "reversible")
 MODES = ("weight_tied", "untied", "unrolled")
 SIZES = ("smoke", "gpu")
 
@@ -137,6 +141,13 @@ def get_config(arg: str | None = None) -> ConfigDict:
     if "jacobian" in names:
         # locuslab's regularised WikiText-103 recipe: weight 2 on 40% of the steps
         config.regularizer.update(dict(jacobian_weight=2.0, jacobian_freq=0.4))
+    if "reversible" in names:
+        # McCallum et al.'s language settings: b = 0.5, four coupled steps (9 evaluations
+        # of the cell in training and evaluation), the exact reversible backward
+        config.deq.solver.name = "reversible"
+        config.deq.solver.reversible.beta = 0.5
+        config.deq.backward.name = "reversible"
+        config.deq.update(dict(train_max_iter=9, eval_max_iter=9))
     if "weight_tied" in names:
         config.model.mode = "weight_tied"
         config.train.pretrain_steps = 0

@@ -40,7 +40,7 @@ from ml_collections import ConfigDict
 from configs import default, mdeq_fashion_mnist
 from deq_jax.models.mdeq import LARGE, SMALL, TINY
 
-VARIANTS = ("smoke", "small", "large", "explicit", "jacobian", "torchdeq", "broyden")
+VARIANTS = ("smoke", "small", "large", "explicit", "jacobian", "torchdeq", "broyden", "reversible")
 # Training images per epoch: the 50,000 less the 5,000 held out for validation.
 TRAIN_IMAGES = 45_000
 
@@ -86,6 +86,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
         config.ckpt.every_steps = 1_950
     if "large" in names:
         _large(config, regularised="jacobian" in names, deq=deq)
+    if "reversible" in names:
+        mdeq_fashion_mnist.reversible_solve(config)
     if "smoke" in names:
         mdeq_fashion_mnist.mdeq_smoke(config, valid_size=100)
     return config

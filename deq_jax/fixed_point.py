@@ -81,8 +81,9 @@ def fixed_point(
       A `Solution` with ``value`` (like ``z0``) and per-sample ``stats``.
 
     Raises:
-      ValueError: if ``f``'s output does not match ``z0`` (both are named), or if ``z0``
-        has no common batch axis while ``batched`` is true.
+      ValueError: if ``f``'s output does not match ``z0`` (both are named), if ``z0``
+        has no common batch axis while ``batched`` is true, or if ``backward`` cannot
+        differentiate ``solver``'s solve (``reversible()`` needs the reversible solver).
 
     References:
       Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -92,6 +93,7 @@ def fixed_point(
     elif not isinstance(backward, Backward):
         raise TypeError(f"backward must be a deq_jax backward mode, got {backward!r}.")
     solver = with_budget(solver, max_iter)
+    backward.check_solver(solver)
     layout, z0_flat = _flat_start(f, z0, args, batched)
 
     def fn(z_flat, a):

@@ -262,7 +262,7 @@ def test_backward_registry():
     assert backward.get("phantom", k=3) == backward.phantom(k=3)
     assert backward.get("ift", solver="broyden").solver == solvers.broyden()
     assert backward.get("ift", solver="gmres").solver == backward.gmres()
-    with pytest.raises(ValueError, match="ift, jacobian_free, phantom, unrolled"):
+    with pytest.raises(ValueError, match="ift, jacobian_free, phantom, reversible, unrolled"):
         backward.get("adjoint")
     with pytest.raises(ValueError, match="Valid keywords: k, tau"):
         backward.get("phantom", steps=3)

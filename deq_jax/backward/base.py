@@ -31,6 +31,12 @@ class Backward(abc.ABC):
         """The registry name of this mode (its constructor's name)."""
         return type(self).__name__
 
+    def check_solver(self, solver: Solver) -> None:
+        """Raises `ValueError` where this mode cannot differentiate a solve by ``solver``
+        (`deq_jax.fixed_point` and `deq_jax.nn.DEQSpec` call it); every solver passes by
+        default."""
+        del solver
+
     @abc.abstractmethod
     def solve(
         self, fn: FlatFn, z0: jax.Array, params: Any, solver: Solver, probe: Any = None

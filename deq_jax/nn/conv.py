@@ -23,8 +23,9 @@ between 0 and ``k - 1`` on each side), is the program they compile to:
   its ``5C -> C`` ones) are computed with one extra output row at each end, which are
   dropped. XLA:CPU (jaxlib 0.10) runs a 2-d float32 convolution on YNNPACK, on one
   core, unless the output is larger than the input; then its own (Eigen) kernel runs
-  it on every core. On MDEQ-TINY's ``24 -> 120`` convolutions at 28x28 that is 1.6-1.8x faster on
-  2 idle cores, and the cell's VJP in a loop 0.84x (docs/results/mdeq.md, "MDEQ-TINY's
+  it on every core. On MDEQ-TINY's ``24 -> 120`` convolutions at 28x28 that is 1.3-1.7x
+  faster on 2 idle cores (median and best), the input gradients of its ``120 -> 24`` ones
+  1.6x, the cell in a loop 0.78x, its VJP 0.83x (docs/results/mdeq.md, "MDEQ-TINY's
   cell on the CPU"); the value differs from lax's by rounding.
 
 Both are ordinary differentiable operations, so higher derivatives (the Jacobian
@@ -133,7 +134,7 @@ def wide_rows_apply(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads) ->
     input gradients) and whose output rows, padded by one more row at each end, outnumber
     its input rows. XLA:CPU hands a 2-d convolution to YNNPACK, on one core, unless its
     output is larger than its input; then its own convolution kernel runs it on every
-    core: on 2 idle cores 1.6-1.8x faster for these (slower for the ``5C -> C`` ones, as
+    core: on 2 idle cores 1.3-1.7x faster for these (slower for the ``5C -> C`` ones, as
     fast for ``C -> 2C``), so the two rows computed too many cost less than they save.
     On a machine whose other core is busy the gain shrinks (docs/results/mdeq.md,
     "MDEQ-TINY's cell on the CPU").

@@ -100,6 +100,7 @@ class DEQSpec:
             raise TypeError(f"solver must be a deq_jax Solver, got {self.solver!r}.")
         if not isinstance(self.backward, Backward):
             raise TypeError(f"backward must be a deq_jax backward mode, got {self.backward!r}.")
+        self.backward.check_solver(self.solver)
         if not callable(self.z_init) and self.z_init not in Z_INITS:
             raise ValueError(
                 f"z_init must be one of {', '.join(Z_INITS)} or a callable x -> z0, got "

@@ -14,6 +14,7 @@ from deq_jax.solvers.fixed_point_iteration import damped_step, fixed_point_itera
 from deq_jax.solvers.linalg import spd_solve
 from deq_jax.solvers.loop import LOOPS, iterate, iterate_observed, iterate_unrolled
 from deq_jax.solvers.registry import from_spec, get, names, register
+from deq_jax.solvers.reversible import reversible, reversible_step, reversible_unstep
 from deq_jax.solvers.spec import COMBINATORS
 from deq_jax.solvers.switching import TRIGGERS, FallbackState, RestartState, fallback, restart
 
@@ -46,6 +47,9 @@ __all__ = [
     "register",
     "residuals",
     "restart",
+    "reversible",
+    "reversible_step",
+    "reversible_unstep",
     "sequence",
     "spd_solve",
 ]

@@ -17,6 +17,7 @@ from deq_jax.solvers.base import Solver
 from deq_jax.solvers.broyden import broyden
 from deq_jax.solvers.combinators import sequence
 from deq_jax.solvers.fixed_point_iteration import fixed_point_iteration
+from deq_jax.solvers.reversible import reversible
 from deq_jax.solvers.spec import COMBINATORS, build_spec
 from deq_jax.solvers.switching import fallback, restart
 
@@ -26,7 +27,7 @@ _PARTS = ("solvers", "primary", "backup", "solver")
 _REGISTRY = Registry("solver")
 # The registry's bound methods are this package's public registry functions.
 register, names = _REGISTRY.register, _REGISTRY.names
-for _ctor in (fixed_point_iteration, anderson, broyden, sequence, fallback, restart):
+for _ctor in (fixed_point_iteration, anderson, broyden, reversible, sequence, fallback, restart):
     register(_ctor.__name__, _ctor)
 
 
