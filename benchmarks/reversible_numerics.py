@@ -33,6 +33,7 @@ Results: docs/results/reversible.md.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import jax
@@ -58,7 +59,8 @@ def mixed(f):
     return lambda z, args: _cast(f(_cast(z, jnp.float32), args), jnp.float64)
 
 
-def tanh_problem(rho: float):
+def tanh_problem(rho: float, dtype=jnp.float32):
+    del dtype  # computes in its input's dtype
     k = jax.random.split(jax.random.key(0), 2)
     w = jax.random.normal(k[0], (64, 64))
     w = rho * w / jnp.linalg.norm(w, 2)
@@ -67,34 +69,38 @@ def tanh_problem(rho: float):
     return f, jnp.zeros((16, 64)), (w, x)
 
 
-def lm_problem():
+def lm_problem(dtype=jnp.float32):
     from deq_jax.models.language import DEQTransformerCell, Memory
     from deq_jax.nn import DEQ, DEQSpec
 
     b, length, m, d, h, dh, di = 4, 16, 16, 64, 4, 16, 256
     k = jax.random.split(jax.random.key(3), 4)
     memory = Memory(
-        jax.random.normal(k[0], (b, m, d)),
-        0.3 * jax.random.normal(k[1], (b, m, 3 * h * dh)),
+        jax.random.normal(k[0], (b, m, d), dtype),
+        0.3 * jax.random.normal(k[1], (b, m, 3 * h * dh), dtype),
         jnp.asarray([m, m // 2, m, 0], jnp.int32),
     )
-    x = {"injection": 0.3 * jax.random.normal(k[2], (b, length, 3 * h * dh)), "memory": memory}
-    cell = DEQTransformerCell(d, h, dh, di, dropout=0.1, weight_norm=True)
+    x = {
+        "injection": 0.3 * jax.random.normal(k[2], (b, length, 3 * h * dh), dtype),
+        "memory": memory,
+    }
+    cell = DEQTransformerCell(d, h, dh, di, dropout=0.1, weight_norm=True, dtype=dtype)
     deq = DEQ(cell, spec=DEQSpec(solver=dj.solvers.reversible()))
-    z0 = jnp.zeros((b, length, d))
+    z0 = jnp.zeros((b, length, d), dtype)
     variables = deq.init(jax.random.key(0), x, z0, train=False)
     p = deq.apply(variables, x, z0, train=True, method=DEQ.problem, rngs={"dropout": k[3]})
     return p.f, p.z0, p.args
 
 
-def mdeq_problem():
+def mdeq_problem(dtype=jnp.float32):
+    del dtype  # MDEQ computes in its input's dtype
     from configs import mdeq_fashion_mnist
     from deq_jax.nn import deq_call
     from deq_jax.training import build
 
     config = mdeq_fashion_mnist.get_config("smoke")
     model = build.build_model(config.model, build.build_deq_spec(config.deq))
-    x = jax.random.normal(jax.random.key(0), (4, 28, 28, 1))
+    x = jax.random.normal(jax.random.key(0), (4, 28, 28, 1), jnp.float32)
     variables = model.init(jax.random.key(1), x, train=False)
     p = deq_call(model, variables, x).problem
     return p.f, p.z0, p.args
@@ -203,13 +209,16 @@ def main() -> None:
     betas = [float(b) for b in args.betas.split(",")]
     jax.config.update("jax_enable_x64", True)
     for cell in args.cells.split(","):
-        f, z0, a = tanh_problem(args.rho) if cell == "tanh" else PROBLEMS[cell]()
+        build = functools.partial(tanh_problem, args.rho) if cell == "tanh" else PROBLEMS[cell]
+        # the cell in float64 for the float64 rows, in float32 for the others
+        problems = {dtype: build(dtype) for dtype in (jnp.float64, jnp.float32)}
         for beta in betas:
             for steps in steps_list:
                 row = {"cell": cell, "beta": beta, "steps": steps}
                 g64 = None
                 for name in ("float64", "float32", "mixed"):
                     state = jnp.float32 if name == "float32" else jnp.float64
+                    f, z0, a = problems[jnp.float64 if name == "float64" else jnp.float32]
                     z = _cast(z0, state)
                     p = _cast(a, jnp.float64 if name == "float64" else jnp.float32)
                     fn = f if name != "mixed" else mixed(f)
