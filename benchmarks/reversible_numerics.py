@@ -210,8 +210,11 @@ def main() -> None:
     jax.config.update("jax_enable_x64", True)
     for cell in args.cells.split(","):
         build = functools.partial(tanh_problem, args.rho) if cell == "tanh" else PROBLEMS[cell]
-        # the cell in float64 for the float64 rows, in float32 for the others
-        problems = {dtype: build(dtype) for dtype in (jnp.float64, jnp.float32)}
+        # the cell in float64 for the float64 rows, in float32 for the others; the same
+        # weights and inputs (the float32 problem's, cast up)
+        problems = {jnp.float32: build(jnp.float32)}
+        f64 = build(jnp.float64)[0]
+        problems[jnp.float64] = (f64, *(_cast(x, jnp.float64) for x in problems[jnp.float32][1:]))
         for beta in betas:
             for steps in steps_list:
                 row = {"cell": cell, "beta": beta, "steps": steps}

@@ -268,7 +268,7 @@ def get_config() -> ConfigDict:
                 fixed_point_iteration=dict(tau=1.0),
                 anderson=dict(m=5, beta=1.0, lam=1e-4),
                 broyden=dict(memory=20),
-                reversible=dict(beta=0.8),
+                reversible=dict(beta=0.5),
                 fallback=dict(patience=10, growth=100.0),
                 restart=dict(patience=10),
             ),

@@ -142,10 +142,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # locuslab's regularised WikiText-103 recipe: weight 2 on 40% of the steps
         config.regularizer.update(dict(jacobian_weight=2.0, jacobian_freq=0.4))
     if "reversible" in names:
-        # McCallum et al.'s language settings: b = 0.5, four coupled steps (9 evaluations
-        # of the cell in training and evaluation), the exact reversible backward
+        # McCallum et al.'s language settings: b = 0.5 (the solver's default), four
+        # coupled steps (9 evaluations of the cell in training and evaluation), the
+        # exact reversible backward
         config.deq.solver.name = "reversible"
-        config.deq.solver.reversible.beta = 0.5
         config.deq.backward.name = "reversible"
         config.deq.update(dict(train_max_iter=9, eval_max_iter=9))
     if "weight_tied" in names:
