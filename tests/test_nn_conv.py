@@ -41,26 +41,41 @@ def _problem(shape, window, seed=0, out_channels=4):
     return x, w
 
 
-def _conv_rows(jaxpr) -> list[int]:
-    """The output rows (axis 1) of every convolution in ``jaxpr`` and its sub-jaxprs."""
+def _convs(jaxpr) -> list:
+    """Every convolution equation in ``jaxpr`` and its sub-jaxprs."""
     found = []
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "conv_general_dilated":
-            found.extend(o.aval.shape[1] for o in eqn.outvars)
+            found.append(eqn)
         for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found.extend(_conv_rows(sub))
+            found.extend(_convs(sub))
     return found
+
+
+def _conv_rows(jaxpr) -> list[int]:
+    """The output rows (axis 1) of every convolution in ``jaxpr`` and its sub-jaxprs."""
+    return [o.aval.shape[1] for eqn in _convs(jaxpr) for o in eqn.outvars]
 
 
 def _conv_numbers(jaxpr) -> list[tuple]:
     """The dimension numbers of every convolution in ``jaxpr`` and its sub-jaxprs."""
-    found = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "conv_general_dilated":
-            found.append(tuple(map(tuple, eqn.params["dimension_numbers"])))
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            found.extend(_conv_numbers(sub))
-    return found
+    return [tuple(map(tuple, eqn.params["dimension_numbers"])) for eqn in _convs(jaxpr)]
+
+
+def _assert_first_derivatives_match(fast, reference, x, w, y) -> jax.Array:
+    """``fast``'s VJP (at a random cotangent shaped like ``y``) and JVP equal
+    ``reference``'s to 1e-12; returns the cotangent."""
+    c = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape))
+    for got, want in zip(jax.vjp(fast, x, w)[1](c), jax.vjp(reference, x, w)[1](c), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    tangents = (0.3 * x, -w)
+    np.testing.assert_allclose(
+        jax.jvp(fast, (x, w), tangents)[1],
+        jax.jvp(reference, (x, w), tangents)[1],
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    return c
 
 
 def _pair(x, padding, stride):
@@ -89,17 +104,7 @@ def test_derivatives_match_lax(x64, shape, window, padding, stride, out_channels
     numbers = conv_lib.channels_last_numbers(x.ndim)
     strides = (stride,) * len(window)
     assert conv_lib.fast_path_applies(x, w, strides, padding, dimension_numbers=numbers)
-    y = reference(x, w)
-    c = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape))
-    for got, want in zip(jax.vjp(fast, x, w)[1](c), jax.vjp(reference, x, w)[1](c), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    tangents = (0.3 * x, -w)
-    np.testing.assert_allclose(
-        jax.jvp(fast, (x, w), tangents)[1],
-        jax.jvp(reference, (x, w), tangents)[1],
-        rtol=1e-12,
-        atol=1e-12,
-    )
+    c = _assert_first_derivatives_match(fast, reference, x, w, reference(x, w))
 
     def second_order(conv):  # what the Jacobian regulariser does: d/dw ||J^T c||^2
         return jax.grad(lambda w: jnp.sum(jax.vjp(lambda x: conv(x, w), x)[1](c)[0] ** 2))(w)
@@ -272,16 +277,7 @@ def test_widening_convolutions_compute_two_extra_rows_and_match_lax(x64, shape, 
     assert rows and all(r == shape[1] + 2 for r in rows)  # the custom_jvp's primal: h + 2
     y = reference(x, w)
     np.testing.assert_allclose(jax.jit(fast)(x, w), y, rtol=1e-12, atol=1e-12)
-    c = jnp.asarray(np.random.default_rng(1).standard_normal(y.shape))
-    for got, want in zip(jax.vjp(fast, x, w)[1](c), jax.vjp(reference, x, w)[1](c), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-    tangents = (0.3 * x, -w)
-    np.testing.assert_allclose(
-        jax.jvp(fast, (x, w), tangents)[1],
-        jax.jvp(reference, (x, w), tangents)[1],
-        rtol=1e-12,
-        atol=1e-12,
-    )
+    _assert_first_derivatives_match(fast, reference, x, w, y)
 
 
 def test_narrowing_convolutions_input_gradient_is_widening_inside_a_loop(x64):

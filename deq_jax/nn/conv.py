@@ -149,17 +149,14 @@ def wide_rows_apply(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads) ->
 def _conv(x: jax.Array, w: jax.Array, strides: Strides, pads: Pads, precision: Any) -> jax.Array:
     """The channels-last convolution; where `wide_rows_apply`, computed with one more
     output row at each end of the first spatial axis, which are dropped."""
-    numbers = channels_last_numbers(x.ndim)
-    if not wide_rows_apply(x, w, strides, pads):
-        return jax.lax.conv_general_dilated(
-            x, w, strides, pads, dimension_numbers=numbers, precision=precision
-        )
-    (lo, hi), *rest = pads
-    wide = ((lo + 1, hi + 1), *rest)
+    wide = wide_rows_apply(x, w, strides, pads)
+    if wide:
+        (lo, hi), *rest = pads
+        pads = ((lo + 1, hi + 1), *rest)
     y = jax.lax.conv_general_dilated(
-        x, w, strides, wide, dimension_numbers=numbers, precision=precision
-    )  # [B, h + 2, w, out]
-    return y[:, 1:-1]
+        x, w, strides, pads, dimension_numbers=channels_last_numbers(x.ndim), precision=precision
+    )
+    return y[:, 1:-1] if wide else y  # a widened one is [B, h + 2, w, out]
 
 
 def _every(strides: Strides) -> tuple[slice, ...]:
