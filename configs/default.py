@@ -92,7 +92,8 @@ Sections:
     interleaves solver fits with DEQ training (warm-up ``alt_warmup_steps``, then the
     DEQ trains ``alt_deq_steps`` with the solver between fine-tunings of
     ``alt_finetune_steps``).
-  ckpt: orbax checkpoints every ``every_steps`` and at the end, the last ``keep`` kept.
+  ckpt: orbax checkpoints every ``every_steps`` and at the end, the last ``keep`` kept;
+    ``async_save`` writes them in the background while training goes on.
   log: progress line and metric interval (``every_steps``), TensorBoard on/off.
 """
 
@@ -337,7 +338,8 @@ def get_config() -> ConfigDict:
     config.path_independence = dataclass_section(PathIndependence)
     config.neural_solver = dataclass_section(NeuralSolverSpec, exclude=BUDGET_FIELDS)
 
-    config.ckpt = ConfigDict(dict(every_steps=500, keep=2, async_save=False))
+    # Saves are written in the background while training goes on (benchmarks/save_cost.py).
+    config.ckpt = ConfigDict(dict(every_steps=500, keep=2, async_save=True))
 
     config.log = ConfigDict(dict(every_steps=50, tensorboard=True))
 

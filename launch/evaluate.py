@@ -86,15 +86,16 @@ def main(argv: Sequence[str]) -> None:
     if _EXCLUDE.value:  # the family refuses it where it does not apply (tasks)
         options["exclude"] = _EXCLUDE.value
     try:
-        report = evaluate_checkpoint(
-            config,
-            workdir,
-            splits=_SPLITS.value,
-            max_iters=[int(k) for k in _MAX_ITERS.value],
-            emit=functools.partial(print, flush=True),
-            checkpoint=_CHECKPOINT.value,
-            **options,
-        )
+        with launch_flags.user_errors():
+            report = evaluate_checkpoint(
+                config,
+                workdir,
+                splits=_SPLITS.value,
+                max_iters=[int(k) for k in _MAX_ITERS.value],
+                emit=functools.partial(print, flush=True),
+                checkpoint=_CHECKPOINT.value,
+                **options,
+            )
     except ValueError as e:
         print(f"FATAL {e}", file=sys.stderr, flush=True)
         sys.exit(2)

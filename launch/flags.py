@@ -7,22 +7,34 @@ them and every other entry point (`launch.evaluate`, `launch.sample`,
 ``benchmarks/``) imports this module instead of another entry point. An override
 naming an unknown field fails before anything runs (`validate_argv`, called by `run`),
 naming the valid fields of its section; a config the library refuses fails in one
-``FATAL`` line (`checked_config`).
+``FATAL`` line (`checked_config`), and so does any other start-up error a user can
+cause (`user_errors`: missing or malformed data, a workdir holding another model's
+checkpoints or only damaged ones, a workdir that is a file, not writable or held by
+another live run; and a checkpoint that could not be written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 
+from deq_jax.tasks.errors import DataError
 from deq_jax.training.build import renamed_key
+from deq_jax.training.checkpoint import (
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    CheckpointUnreadableError,
+)
+from deq_jax.training.lm_setup import VocabularyMismatchError
 from deq_jax.training.setup import check_config
+from deq_jax.training.workdir import WorkdirError, WorkdirLockedError
 from deq_jax.training.writers import write_json
 
 CONFIG = config_flags.DEFINE_config_file(
@@ -34,6 +46,24 @@ CONFIG = config_flags.DEFINE_config_file(
 WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and logs.")
 
 _PREFIXES = ("--config.", "-config.", "--noconfig.", "-noconfig.")
+
+# The errors a user causes at start-up, each with the words its FATAL line starts with
+# (`user_errors`); the first class that matches wins. Each message already says what
+# is wrong and how to fix it. A new library error of that kind is added here, with its
+# words.
+USER_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
+    (DataError, "data error"),
+    (CheckpointMismatchError, "checkpoint error"),
+    (CheckpointUnreadableError, "checkpoint error"),
+    (VocabularyMismatchError, "vocabulary error"),
+    (WorkdirError, "workdir error"),
+    (WorkdirLockedError, "workdir error"),
+    (CheckpointSaveError, "checkpoint save failed"),
+)
+# The exit status of a `USER_ERRORS` line: 2 (a usage error), but 74 (sysexits'
+# EX_IOERR) for a checkpoint that could not be written during training.
+IO_ERRORS: tuple[type[BaseException], ...] = (CheckpointSaveError,)
+IO_ERROR_EXIT_STATUS = 74
 
 
 class UnknownOverrideError(ValueError):
@@ -116,6 +146,41 @@ def checked_config() -> ConfigDict:
         print(f"FATAL config error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     return config
+
+
+def fold(message: str) -> str:
+    """``message`` on one line: its non-blank lines, stripped, joined with ``"; "`` (with
+    a space after a line that ends in a colon)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    out = lines[0] if lines else ""
+    for line in lines[1:]:
+        out += (" " if out.endswith(":") else "; ") + line
+    return out
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """``"FATAL <what>: <message on one line>"`` for an error a user can cause or fix
+    (`USER_ERRORS`), else ``None``."""
+    for kind, what in USER_ERRORS:
+        if isinstance(error, kind):
+            text = getattr(error, "strerror", None) or str(error)  # without "[Errno N] "
+            return f"FATAL {what}: {fold(str(text))}"
+    return None
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Ends the process on an error the user can fix (`user_error_line`) with one
+    ``FATAL`` line on stderr and exit status 2 (`IO_ERROR_EXIT_STATUS` for the
+    `IO_ERRORS`), no traceback; any other exception passes through unchanged."""
+    try:
+        yield
+    except Exception as e:
+        line = user_error_line(e)
+        if line is None:
+            raise
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(IO_ERROR_EXIT_STATUS if isinstance(e, IO_ERRORS) else 2)
 
 
 def reject_arguments(argv: Sequence[str]) -> None:

@@ -39,7 +39,8 @@ def main(argv: Sequence[str]) -> None:
     from deq_jax.training.lm_setup import restore_language_model
 
     config = launch_flags.CONFIG.value
-    model, variables, vocab, step = restore_language_model(config, launch_flags.WORKDIR.value)
+    with launch_flags.user_errors():
+        model, variables, vocab, step = restore_language_model(config, launch_flags.WORKDIR.value)
     try:
         prompt = vocab.encode(_PROMPT.value)
     except ValueError as e:

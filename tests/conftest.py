@@ -87,6 +87,7 @@ LONGEST_MODULES = (
     "test_combinators.py",  # 84 s measured
     "test_neural_solver_launch.py",  # ~72 s: the digits DEQ, its hypersolver, the sweep
     "test_training_run.py",  # ~54 s estimated
+    "test_resume_device_count.py",  # ~52 s CPU measured: 1, 8, 1 devices in subprocesses
     "test_training_jacobian.py",  # ~53 s estimated
     "test_training_multidevice.py",  # 51 s measured
     "test_clrs_launch.py",  # 49 s measured
@@ -96,8 +97,11 @@ LONGEST_MODULES = (
     "test_mdeq_step_cost.py",  # ~37 s estimated
     "test_nonfinite_values.py",  # 36 s measured
     "test_training_multihost.py",  # ~35 s estimated
+    "test_preemption.py",  # ~30 s measured: three faults, the command line under SIGTERM
+    "test_startup_errors.py",  # ~27 s measured: five launch subprocesses
     "test_maze_model.py",  # ~31 s estimated
     "test_benchmark_solvers.py",  # ~24 s estimated
+    "test_checkpoint_save_failure.py",  # ~18 s measured: two smoke trainings
     "test_settle.py",  # ~19 s estimated
     "test_properties.py",  # ~19 s estimated
     "test_readme.py",  # ~19 s estimated

@@ -45,6 +45,11 @@ flipped per step (`deq_jax.tasks.image_files`).
 Language modelling (``"char_text"``, ``"wikitext"``) streams tokens instead of
 examples; its interface is in `deq_jax.tasks.text`.
 
+Data a user supplies (idx files, CIFAR-10 batches, a prepared tfds data set, a text
+corpus, easy-to-hard-data's files) that is missing or malformed raises a `DataError`
+(`DataNotFoundError`, a FileNotFoundError; `DataFormatError`, a ValueError) naming the
+path, what is wrong and how to get the data (`deq_jax.tasks.errors`).
+
 Importing this package is light (numpy and jax): the tasks generated in memory
 (``"synthetic_1d"``, ``"mazes"``, ``"edge_copy"``, ``"matrix_inversion"`` and CLRS's
 ``"clrs"``) are imported with it, while those stored or read through
@@ -65,6 +70,7 @@ import importlib
 from deq_jax._registry import Registry
 from deq_jax.tasks import data
 from deq_jax.tasks.edge_copy import edge_copy
+from deq_jax.tasks.errors import DataError, DataFormatError, DataNotFoundError
 from deq_jax.tasks.matrix_inversion import matrix_inversion
 from deq_jax.tasks.mazes import mazes
 from deq_jax.tasks.synthetic_1d import synthetic_1d
@@ -125,6 +131,9 @@ def get(name: str, **kwargs):
 
 
 __all__ = [
+    "DataError",
+    "DataFormatError",
+    "DataNotFoundError",
     "Vocabulary",
     "data",
     "get",

@@ -43,6 +43,7 @@ from scipy.ndimage import gaussian_filter
 
 from deq_jax.tasks import images
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.errors import DataFormatError, DataNotFoundError
 
 TRAIN, VALID, _TEST = "train", "valid", "test"
 SOURCES = ("digits", "mnist")
@@ -99,18 +100,18 @@ def mnist_source(split: str, data_dir: str | None = None) -> Any:
     """The raw tfds ``mnist`` source of ``"train"`` or ``"test"``.
 
     Raises:
-      FileNotFoundError: if mnist is not prepared under ``data_dir``.
-      ValueError: if it is prepared in a format without random access.
+      DataNotFoundError: if mnist is not prepared under ``data_dir``.
+      DataFormatError: if it is prepared in a format without random access.
     """
     builder = tfds.builder("mnist", data_dir=data_dir)
     if not builder.is_prepared():
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"mnist is not prepared under {builder.data_dir}. Build it with "
             "`tfds build mnist --file_format=array_record --data_dir=...` on a machine with "
             "TensorFlow and a network, or use source='digits'."
         )
     if builder.info.file_format != tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
-        raise ValueError(
+        raise DataFormatError(
             f"mnist under {builder.data_dir} is stored as {builder.info.file_format}; "
             "random access needs array_record (`tfds convert_format` can convert it)."
         )

@@ -70,15 +70,23 @@ from deq_jax.tasks.image_records import (
 from deq_jax.tasks.images import TEST, TRAIN, ImageTask
 
 
-def _load_idx(directory: str) -> dict[str, Arrays]:
-    return {split: (x[..., None], y) for split, (x, y) in idx_files.load_idx_dir(directory).items()}
+def _idx_format(fix: str) -> FileFormat:
+    """MNIST-format idx files; ``fix`` (how to get them) ends every error message."""
+
+    def load(directory: str) -> dict[str, Arrays]:
+        loaded = idx_files.load_idx_dir(directory, fix=fix)
+        return {split: (x[..., None], y) for split, (x, y) in loaded.items()}
+
+    return FileFormat(
+        paths=lambda d: [p for pair in idx_files.idx_paths(d, fix=fix).values() for p in pair],
+        image_shape=lambda d: (*idx_files.idx_image_shape(d, fix=fix), 1),
+        load=load,
+        fix=fix,
+    )
 
 
-IDX = FileFormat(
-    paths=lambda d: [p for pair in idx_files.idx_paths(d).values() for p in pair],
-    image_shape=lambda d: (*idx_files.idx_image_shape(d), 1),
-    load=_load_idx,
-)
+FASHION_MNIST_IDX = _idx_format(idx_files.FASHION_MNIST_FIX)
+MNIST_IDX = _idx_format(idx_files.MNIST_FIX)
 
 
 def _cifar10_shape(directory: str) -> tuple[int, int, int]:
@@ -90,6 +98,7 @@ CIFAR10_PYTHON = FileFormat(
     paths=lambda d: [p for group in cifar_files.cifar10_paths(d).values() for p in group],
     image_shape=_cifar10_shape,
     load=cifar_files.load_cifar10_dir,
+    fix=cifar_files.DOWNLOAD_HINT,
 )
 
 
@@ -162,7 +171,7 @@ def fashion_mnist(
     return files_task(
         "fashion_mnist",
         dir,
-        IDX,
+        FASHION_MNIST_IDX,
         data_dir=data_dir,
         valid_size=valid_size,
         split_seed=split_seed,
@@ -195,7 +204,7 @@ def mnist(
     return files_task(
         "mnist",
         dir,
-        IDX,
+        MNIST_IDX,
         data_dir=data_dir,
         valid_size=valid_size,
         split_seed=split_seed,

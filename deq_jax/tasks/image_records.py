@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from deq_jax.tasks import _tfds, data
+from deq_jax.tasks.errors import DataFormatError
 from deq_jax.tasks.images import TEST, TRAIN
 
 VALID = "valid"
@@ -58,11 +59,13 @@ class FileFormat:
       image_shape: ``directory -> (H, W, C)``, cheaply (from a header).
       load: ``directory -> {"train": (images uint8 [N, H, W, C], labels), "test": ...}``,
         checked.
+      fix: how to get the files, the end of the error messages raised here.
     """
 
     paths: Callable[[str], list[str]]
     image_shape: Callable[[str], tuple[int, int, int]]
     load: Callable[[str], dict[str, Arrays]]
+    fix: str = ""
 
 
 def fingerprint(paths: Sequence[str]) -> str:
@@ -77,11 +80,13 @@ def fingerprint(paths: Sequence[str]) -> str:
 
 
 def check_image_size(image_size: int, shape: tuple[int, ...], where: str) -> None:
-    """Raises a ValueError unless ``image_size`` is 0 or the ``(H, W, ...)`` of ``shape``."""
+    """Raises a `DataFormatError` (a ValueError) unless ``image_size`` is 0 or the
+    ``(H, W, ...)`` of ``shape``."""
     if image_size and tuple(shape[:2]) != (image_size, image_size):
-        raise ValueError(
+        raise DataFormatError(
             f"The config expects {image_size}x{image_size} images but {where} holds "
-            f"{shape[0]}x{shape[1]}."
+            f"{shape[0]}x{shape[1]}: set the task's image_size to {shape[0]} (or 0, any "
+            "size), or use other data."
         )
 
 
@@ -256,11 +261,13 @@ class ImageFilesData:
         arrays = self.format.load(self.directory)
         for split, (x, _) in arrays.items():
             if not len(x):
-                raise ValueError(f"{self.directory} holds no {split} images.")
+                raise DataFormatError(
+                    f"{self.directory} holds no {split} images. {self.format.fix}".rstrip()
+                )
             if x.shape[1:] != tuple(image_shape):
-                raise ValueError(
+                raise DataFormatError(
                     f"{self.directory}: the {split} images are {x.shape[1:]}, the header "
-                    f"said {tuple(image_shape)}."
+                    f"said {tuple(image_shape)}. {self.format.fix}".rstrip()
                 )
         x, y = arrays[TRAIN]
         train, valid = valid_cut(len(x), self.valid_size, self.split_seed)
@@ -282,9 +289,10 @@ class ImageFilesData:
         """Writes the records unless they exist; reads the train statistics. Idempotent.
 
         Raises:
-          FileNotFoundError: for a missing directory or file (nothing is written).
-          ValueError: for bad files, a wrong image size or a ``valid_size`` that leaves
-            no training images (nothing is written).
+          DataNotFoundError: for a missing directory or file (nothing is written).
+          DataFormatError: for bad files or a wrong image size (nothing is written).
+          ValueError: for a ``valid_size`` that leaves no training images (nothing is
+            written).
         """
         if self._builder is not None:
             return

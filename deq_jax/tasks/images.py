@@ -37,6 +37,7 @@ import tensorflow_datasets as tfds
 
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.errors import DataFormatError, DataNotFoundError
 from deq_jax.tasks.image_augment import CropFlip
 
 TRAIN, VALID, TEST = "train", "valid", "test"
@@ -159,19 +160,20 @@ def cifar10_source(split: str, data_dir: str | None = None) -> ImageRecords:
     """The prepared ``cifar10`` split as a lazily decoded `ImageRecords` source.
 
     Raises:
-      FileNotFoundError: if the data are not prepared under ``data_dir``.
-      ValueError: for an unknown split, or data prepared in another file format.
+      DataNotFoundError: if the data are not prepared under ``data_dir``.
+      ValueError: for an unknown split.
+      DataFormatError: for data prepared in another file format.
     """
     check_split(split)
     builder = cifar10_builder(data_dir)
     if not builder.is_prepared():
-        raise FileNotFoundError(
+        raise DataNotFoundError(
             f"cifar10 is not prepared under {builder.data_dir}. Build it with "
             "`tfds build cifar10 --file_format=array_record --data_dir=...` or "
             "tasks.get('cifar10', download=True).prepare()."
         )
     if builder.info.file_format != tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
-        raise ValueError(
+        raise DataFormatError(
             f"cifar10 under {builder.data_dir} is stored as {builder.info.file_format}; "
             "random access needs array_record (`tfds convert_format` can convert it)."
         )

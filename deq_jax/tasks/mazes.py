@@ -56,6 +56,7 @@ import numpy as np
 
 from deq_jax.tasks import data, easy_to_hard_files
 from deq_jax.tasks.base import Task
+from deq_jax.tasks.errors import DataFormatError
 from deq_jax.tasks.maze_generator import (
     FROM_START,
     GOAL,
@@ -194,25 +195,34 @@ def generate_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
     return {"grids": grids, "paths": paths}
 
 
-def compact(inputs: np.ndarray, targets: np.ndarray, what: str = "images") -> dict[str, np.ndarray]:
+def compact(
+    inputs: np.ndarray, targets: np.ndarray, what: str = "images", hint: str = ""
+) -> dict[str, np.ndarray]:
     """The inverse of `render`: images ``[N, H, W, 3]`` and targets ``[N, H, W]`` to grids.
 
     Raises:
-      ValueError: naming ``what`` unless each image is a rendering (2x upscaled, in a
-        zero frame, in the four colours) of a grid with one start and one goal.
+      DataFormatError: naming ``what`` (and ending with ``hint``, how to get good
+        files) unless each image is a rendering (2x upscaled, in a zero frame, in the
+        four colours) of a grid with one start and one goal.
     """
     colours = inputs[:, 1:-1:2, 1:-1:2]  # [N, g, g, 3]
     match = (colours[..., None, :] == _COLOURS).all(-1)  # [N, g, g, 4]
     if not match.any(-1).all():
-        raise ValueError(f"{what}: a pixel is none of black, white, green (start), red (goal).")
+        raise DataFormatError(
+            f"{what}: a pixel is none of black, white, green (start), red (goal). {hint}".rstrip()
+        )
     raw = {"grids": match.argmax(-1).astype(np.uint8), "paths": targets[:, 1:-1:2, 1:-1:2]}
     raw["paths"] = raw["paths"].astype(np.uint8)
     again = render(raw["grids"], raw["paths"])
     if not (np.array_equal(again["inputs"], inputs) and np.array_equal(again["targets"], targets)):
-        raise ValueError(f"{what}: not a maze grid upscaled 2x in a 1-pixel zero frame.")
+        raise DataFormatError(
+            f"{what}: not a maze grid upscaled 2x in a 1-pixel zero frame. {hint}".rstrip()
+        )
     for code, name in ((START, "start"), (GOAL, "goal")):
         if not ((raw["grids"] == code).sum((1, 2)) == 1).all():
-            raise ValueError(f"{what}: a maze without exactly one {name} cell.")
+            raise DataFormatError(
+                f"{what}: a maze without exactly one {name} cell. {hint}".rstrip()
+            )
     return raw
 
 
@@ -230,7 +240,8 @@ def read_split(config: MazeConfig, split: str) -> dict[str, np.ndarray]:
     folder = easy_to_hard_files.maze_folder(config.files_dir, train=in_train, size=maze_size)
     start = config.train_size if split == VALID else 0
     chunks = easy_to_hard_files.maze_image_chunks(folder, count, image_size(maze_size), start=start)
-    parts = [compact(c["inputs"], c["targets"], f"Mazes in {folder}") for c in chunks]
+    hint = easy_to_hard_files.maze_download_hint(folder)
+    parts = [compact(c["inputs"], c["targets"], f"Mazes in {folder}", hint) for c in chunks]
     raw = {k: np.concatenate([p[k] for p in parts]) for k in ("grids", "paths")}
     raw["grids"].flags.writeable = raw["paths"].flags.writeable = False
     return raw

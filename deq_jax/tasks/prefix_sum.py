@@ -46,6 +46,7 @@ import tensorflow_datasets as tfds
 from deq_jax.tasks import _tfds, data, easy_to_hard_files
 from deq_jax.tasks.base import Task
 from deq_jax.tasks.bit_strings import cumulative_parity, random_strings
+from deq_jax.tasks.errors import DataFormatError
 from deq_jax.tasks.splits import TRAIN, VALID, HeldOutSplits, SplitSizes
 
 _CITATION = """
@@ -214,9 +215,9 @@ def read_split(config: PrefixSumConfig, split: str, files_dir: str) -> dict[str,
     """One split from easy-to-hard-data's files in ``files_dir``, as `load` returns it.
 
     Raises:
-      ValueError: naming the targets file if its targets are not the prefix parities of
-        the inputs (or the file whose shape, length or values are off).
-      FileNotFoundError: naming a missing file.
+      DataFormatError: naming the targets file if its targets are not the prefix
+        parities of the inputs (or the file whose shape, length or values are off).
+      DataNotFoundError: naming a missing file.
     """
     length, count = config.length(split), config.size(split)
     start = config.train_size if split != TRAIN and length == config.train_length else 0
@@ -224,9 +225,10 @@ def read_split(config: PrefixSumConfig, split: str, files_dir: str) -> dict[str,
         start += config.test_size
     raw = easy_to_hard_files.read_prefix_sum_files(files_dir, length, start=start, count=count)
     if not np.array_equal(raw["targets"], cumulative_parity(raw["inputs"])):
-        raise ValueError(
+        raise DataFormatError(
             f"{files_dir}/{length}_targets.npy: the targets are not the prefix parities of "
-            f"{length}_data.npy (rows {start} to {start + count - 1})."
+            f"{length}_data.npy (rows {start} to {start + count - 1}). "
+            + easy_to_hard_files.PREFIX_SUMS_DOWNLOAD
         )
     return {
         "inputs": raw["inputs"][..., None].astype(np.float32),  # [N, L, 1]

@@ -172,8 +172,8 @@ class TextTask:
         the source files); reads the vocabulary.
 
         Raises:
-          ValueError: for a source that is not UTF-8, empty or too short (nothing is
-            written then).
+          DataFormatError: for a source that is not UTF-8, empty or too short (nothing
+            is written then).
         """
         if self._builder is not None:
             return
@@ -289,7 +289,7 @@ def char_text(*, path: str = DEFAULT_SHAKESPEARE_DIR, data_dir: str | None = Non
       data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
 
     Raises:
-      FileNotFoundError: for a missing path; the message gives the command that
+      DataNotFoundError: for a missing path; the message gives the command that
         prepares the default corpus.
     """
     file = text_corpus.char_corpus_file(path)
@@ -313,7 +313,7 @@ def wikitext(*, path: str, data_dir: str | None = None) -> TextTask:
       data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
 
     Raises:
-      FileNotFoundError: naming a missing file.
+      DataNotFoundError: naming a missing file and how to get WikiText.
     """
     files = text_corpus.wikitext_files(path)
     corpus = text_corpus.safe_name(os.path.basename(os.path.normpath(os.path.expanduser(path))))

@@ -12,6 +12,10 @@ error and leaves no half-built data directory behind (see `deq_jax.tasks.text`).
 Line breaks ``"\\r\\n"`` and ``"\\r"`` are read as ``"\\n"`` (as Python's text files
 read them); the fingerprint is of the bytes on disk.
 
+A missing corpus raises a `DataNotFoundError` (a FileNotFoundError), a file that is not
+UTF-8, is empty or too short a `DataFormatError` (a ValueError); each names the path
+and how to get a corpus (`PREPARE_SHAKESPEARE`, `WIKITEXT_HINT`).
+
 References:
   Merity, Xiong, Bradbury, Socher, "Pointer Sentinel Mixture Models", 2016 (WikiText).
 """
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from deq_jax.tasks.errors import DataFormatError, DataNotFoundError
 from deq_jax.tasks.text_vocab import Vocabulary, char_vocabulary, word_vocabulary
 
 TRAIN, VALID, TEST = "train", "valid", "test"
@@ -32,6 +37,10 @@ SPLITS = (TRAIN, VALID, TEST)
 SOURCE_FILE = "SOURCE.txt"  # provenance written by launch.prepare_data, not corpus text
 WIKITEXT_FILES = {split: f"wiki.{split}.tokens" for split in SPLITS}
 PREPARE_SHAKESPEARE = "python -m launch.prepare_data shakespeare --out {out}"
+WIKITEXT_HINT = (
+    "WikiText (Merity et al. 2016) is not downloaded by this project: put its "
+    f"{', '.join(WIKITEXT_FILES.values())} in one directory and pass that as path=."
+)
 
 Corpus = tuple[Vocabulary, dict[str, np.ndarray]]
 
@@ -67,9 +76,9 @@ def char_corpus_file(path: str) -> str:
         ``SOURCE.txt`` (as ``launch.prepare_data`` writes it).
 
     Raises:
-      FileNotFoundError: if ``path`` does not exist or the directory holds no corpus;
+      DataNotFoundError: if ``path`` does not exist or the directory holds no corpus;
         the message gives the command that prepares the default corpus.
-      ValueError: if the directory holds several candidate files.
+      DataFormatError: if the directory holds several candidate files.
     """
     path = os.path.expanduser(path)
     out = os.path.dirname(path) or "." if path.endswith(".txt") else path
@@ -79,14 +88,14 @@ def char_corpus_file(path: str) -> str:
     )
 
     if not os.path.exists(path):
-        raise FileNotFoundError(f"Character-level corpus {path!r} does not exist. {hint}")
+        raise DataNotFoundError(f"Character-level corpus {path!r} does not exist. {hint}")
     if not os.path.isdir(path):
         return path
     names = sorted(n for n in os.listdir(path) if n.endswith(".txt") and n != SOURCE_FILE)
     if not names:
-        raise FileNotFoundError(f"No corpus *.txt file in the directory {path!r}. {hint}")
+        raise DataNotFoundError(f"No corpus *.txt file in the directory {path!r}. {hint}")
     if len(names) > 1:
-        raise ValueError(
+        raise DataFormatError(
             f"The directory {path!r} holds several *.txt files ({', '.join(names)}); "
             "pass the path of the one to use."
         )
@@ -97,18 +106,15 @@ def wikitext_files(path: str) -> dict[str, str]:
     """``{split: path}`` of the three WikiText files in the directory ``path``.
 
     Raises:
-      FileNotFoundError: naming the first missing file.
+      DataNotFoundError: naming the first missing file.
     """
     path = os.path.expanduser(path)
     if not os.path.isdir(path):
-        raise FileNotFoundError(
-            f"WikiText directory {path!r} does not exist; it must hold "
-            f"{', '.join(WIKITEXT_FILES.values())}."
-        )
+        raise DataNotFoundError(f"WikiText directory {path!r} does not exist. {WIKITEXT_HINT}")
     files = {split: os.path.join(path, name) for split, name in WIKITEXT_FILES.items()}
     for file in files.values():
         if not os.path.isfile(file):
-            raise FileNotFoundError(f"WikiText file {file} is missing.")
+            raise DataNotFoundError(f"WikiText file {file} is missing. {WIKITEXT_HINT}")
     return files
 
 
@@ -116,20 +122,20 @@ def read_text(path: str) -> str:
     """The UTF-8 text of a file, line breaks read as ``"\\n"``.
 
     Raises:
-      ValueError: if the file is not UTF-8 (naming the file and the byte offset of the
-        first bad byte) or is empty.
+      DataFormatError: if the file is not UTF-8 (naming the file and the byte offset of
+        the first bad byte) or is empty.
     """
     with open(path, "rb") as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
+        raise DataFormatError(
             f"{path} is not UTF-8 text: invalid byte {raw[e.start]:#04x} at byte offset "
-            f"{e.start} ({e.reason})."
+            f"{e.start} ({e.reason}). Convert it (iconv -t UTF-8) or pass another corpus."
         ) from None
     if not text:
-        raise ValueError(f"{path} is empty: a corpus needs text.")
+        raise DataFormatError(f"{path} is empty: a corpus needs text; pass another file.")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -147,7 +153,7 @@ def split_chars(text: str) -> dict[str, str]:
 def _check_lengths(streams: dict[str, np.ndarray], where: dict[str, str]) -> None:
     for split, ids in streams.items():
         if len(ids) < 2:
-            raise ValueError(
+            raise DataFormatError(
                 f"The {split} split of {where[split]} would hold {len(ids)} token(s); a "
                 "split needs at least 2 (one target). Use a longer corpus."
             )
@@ -186,6 +192,6 @@ def word_corpus(files: dict[str, str]) -> Corpus:
         try:
             streams[split] = vocab.encode(text)
         except ValueError as e:
-            raise ValueError(f"{files[split]}: {e}") from None
+            raise DataFormatError(f"{files[split]}: {e}") from None
     _check_lengths(streams, files)
     return vocab, streams

@@ -9,6 +9,12 @@ split and solver budget. The pieces are usable on their own: `TrainState`,
 `make_train_step` / `make_eval_step`, `make_optimizer`, `Checkpointer`, the sharding
 helpers and the metric writers.
 
+A run survives what long jobs meet: SIGTERM or SIGINT stops it after the step it is in
+with a checkpoint there (`StopRequests`, ``preemption``; all processes agree on the
+step), a workdir holds one live run (`WorkdirLock`, ``workdir``), a failed save raises
+`CheckpointSaveError` and leaves the earlier checkpoints intact, and checkpoints restore
+on another device or process count.
+
 Fitting a neural solver (`deq_jax.neural_solver`) to a trained DEQ lives here too:
 `train_hypersolver(config, workdir)` fits one to the DEQ of
 ``neural_solver.deq_workdir`` (``launch/main.py`` runs it when that is set) and
@@ -33,7 +39,12 @@ References:
 
 from deq_jax.training import build, sharding
 from deq_jax.training.alternating import AlternatingSolver
-from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
+from deq_jax.training.checkpoint import (
+    Checkpointer,
+    CheckpointMismatchError,
+    CheckpointSaveError,
+    CheckpointUnreadableError,
+)
 from deq_jax.training.evaluate import Evaluator, length_report
 from deq_jax.training.family import Family, Phase
 from deq_jax.training.frozen_deq import FrozenDEQ, Targets
@@ -42,6 +53,7 @@ from deq_jax.training.interventions import PathIndependence
 from deq_jax.training.lm_family import LanguageModelFamily
 from deq_jax.training.metrics import classification_loss, regression_loss
 from deq_jax.training.optim import make_optimizer, make_schedule
+from deq_jax.training.preemption import PREEMPTED_EXIT_STATUS, StopRequests
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import Run, restore_trained, setup
@@ -57,11 +69,14 @@ from deq_jax.training.train import (
     family_for,
     train_and_evaluate,
 )
+from deq_jax.training.workdir import WorkdirError, WorkdirLock, WorkdirLockedError
 from deq_jax.training.writers import MetricWriter, ProgressLogger, read_metrics
 
 __all__ = [
     "AlternatingSolver",
     "CheckpointMismatchError",
+    "CheckpointSaveError",
+    "CheckpointUnreadableError",
     "Checkpointer",
     "Evaluator",
     "FrozenDEQ",
@@ -74,15 +89,20 @@ __all__ = [
     "MetricWriter",
     "NeuralSolverSpec",
     "NonFiniteLossError",
+    "PREEMPTED_EXIT_STATUS",
     "ProgressLogger",
     "Run",
     "RunResult",
     "SettleRule",
     "SolverFit",
+    "StopRequests",
     "TaskFamily",
     "Targets",
     "TrainedNeuralSolver",
     "TrainState",
+    "WorkdirError",
+    "WorkdirLock",
+    "WorkdirLockedError",
     "build",
     "classification_loss",
     "collect_targets",

@@ -13,12 +13,22 @@ names its step, the damaged file and the error, and the run resumes from the new
 checkpoint that can be read. If none can be read, nothing is moved and
 `CheckpointUnreadableError` lists every step with its file and error.
 
+Orbax writes each checkpoint into a temporary directory and renames it when complete,
+so a save that fails midway (a full disk, a quota, a network filesystem error) or is
+cut short by a kill leaves no checkpoint, only the temporary directory, which the next
+start removes. A failed save raises `CheckpointSaveError` (with ``async_save``, from the
+next save or `Checkpointer.wait`), naming the step and the cause; the previous
+checkpoints are untouched and a rerun resumes from the newest. Training stops there
+rather than retrying: a disk that failed one save rarely takes the next.
+
 References:
   Orbax checkpointing, https://orbax.readthedocs.io (``CheckpointManager``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
@@ -35,6 +45,9 @@ from absl import logging
 _MAX_LISTED = 8
 # Where unreadable checkpoints are moved, next to ``checkpoints/`` in the workdir.
 UNREADABLE_DIR = "checkpoints_unreadable"
+# What orbax says when a template without shardings meets a checkpoint saved on other
+# devices (not damage: the checkpoint is not moved aside for it).
+_DEVICES_DIFFER = "devices are different from the devices used to save"
 # The longest error text a one-line unreadable-checkpoint message quotes.
 _MAX_ERROR_CHARS = 240
 
@@ -45,6 +58,10 @@ class CheckpointMismatchError(ValueError):
 
 class CheckpointUnreadableError(OSError):
     """No checkpoint in the workdir can be read (each is damaged)."""
+
+
+class CheckpointSaveError(OSError):
+    """Writing a checkpoint failed; the earlier checkpoints are intact."""
 
 
 def saved_steps(workdir: str) -> list[int]:
@@ -93,6 +110,31 @@ def describe_read_error(step_dir: str, error: BaseException) -> tuple[str, str]:
     return (paths[0] if paths else step_dir), f"{type(inner).__name__}: {text}"
 
 
+def save_error(
+    directory: str, step: int | None, error: BaseException, intact: list[int], best: bool = False
+) -> CheckpointSaveError:
+    """The `CheckpointSaveError` of a failed save of ``step`` into ``directory``: the
+    cause in one line, and the newest of the ``intact`` steps (of the best checkpoints
+    with ``best``)."""
+    cause = f"{type(error).__name__}: {' '.join(str(error).split())[:_MAX_ERROR_CHARS]}"
+    fix = "once the cause (disk space, quota, permissions) is fixed"
+    if best:
+        kept = f"the best checkpoint before it, step {intact[-1]}, is intact" if intact else ""
+        rest = f"{kept}; " if kept else ""
+        after = f"{rest}the same command resumes the run from its newest checkpoint {fix}."
+    elif intact:
+        after = f"the newest checkpoint, step {intact[-1]}, is intact and the same command "
+        after += f"resumes from it {fix}."
+    else:
+        after = f"there is no earlier checkpoint; the same command starts afresh {fix}."
+    what = "best checkpoint" if best else "checkpoint"
+    return CheckpointSaveError(
+        getattr(error, "errno", None) or errno.EIO,
+        f"Saving the {what} of step {step} in {directory} failed ({cause}). Nothing of it "
+        f"counts as a checkpoint: {after}",
+    )
+
+
 def _path_str(path: tuple[Any, ...]) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
@@ -135,7 +177,8 @@ class Checkpointer:
       workdir: the run's directory.
       every_steps: save when ``step % every_steps == 0`` (and whenever forced).
       keep: how many of the latest checkpoints are kept.
-      async_save: let orbax write in a background thread.
+      async_save: let orbax write in a background thread (training goes on while the
+        arrays, already copied off the devices, are written).
     """
 
     def __init__(self, workdir: str, *, every_steps: int, keep: int, async_save: bool = False):
@@ -145,8 +188,14 @@ class Checkpointer:
             )
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
         self.every_steps = every_steps
+        # The step of a save still being written in the background (``async_save``).
+        self._pending: int | None = None
+        self._failed = False
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, create=True, enable_async_checkpointing=async_save
+            max_to_keep=keep,
+            create=True,
+            enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True,  # what a failed or killed save left
         )
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
@@ -186,6 +235,13 @@ class Checkpointer:
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # orbax and TensorStore raise many types
+                if _DEVICES_DIFFER in str(e):  # the template's fault, not the checkpoint's
+                    raise ValueError(
+                        f"The checkpoint at step {step} in {self.directory} was saved on "
+                        "other devices, and the template it is restored into has no sharding "
+                        "for this run's devices: give the template's arrays this run's "
+                        "shardings (e.g. `deq_jax.training.sharding.replicate`)."
+                    ) from e
                 file, error = describe_read_error(self._step_dir(step), e)
                 unreadable.append((step, f"{file}: {error}"))
                 continue
@@ -249,18 +305,44 @@ class Checkpointer:
         return target
 
     def maybe_save(self, step: int, state: Any, *, force: bool = False) -> bool:
-        """Saves ``state`` as ``step`` if due (or ``force``); returns whether it saved."""
+        """Saves ``state`` as ``step`` if due (or ``force``); returns whether it saved.
+
+        Raises:
+          CheckpointSaveError: if this save, or the background save before it, failed.
+        """
         if not force and step % self.every_steps:
             return False
         if step in self._manager.all_steps():
             return False
-        return self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        with self._failure_explained(step):
+            saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        self._pending = step if saved and self._manager.is_saving_in_progress() else None
+        return saved
 
     def wait(self) -> None:
-        """Blocks until every pending save is on disk."""
-        self._manager.wait_until_finished()
+        """Blocks until every pending save is on disk.
+
+        Raises:
+          CheckpointSaveError: if a background save failed.
+        """
+        with self._failure_explained(self._pending):
+            self._manager.wait_until_finished()
+        self._pending = None
+
+    @contextlib.contextmanager
+    def _failure_explained(self, step: int | None):
+        """Re-raises a failed save (of ``step``, or of the background save still
+        pending) as `CheckpointSaveError` (`save_error`)."""
+        try:
+            yield
+        except Exception as e:  # orbax, TensorStore and the OS raise many types
+            failed = self._pending if self._pending is not None else step
+            self._pending, self._failed = None, True
+            intact = [s for s in saved_steps(os.path.dirname(self.directory)) if s != failed]
+            raise save_error(self.directory, failed, e, intact) from e
 
     def close(self) -> None:
-        """Finishes pending saves and releases the manager."""
-        self._manager.wait_until_finished()
+        """Finishes pending saves (unless a save has failed) and releases the manager."""
+        if not self._failed:
+            self.wait()
         self._manager.close()

@@ -123,19 +123,24 @@ def setup_language_model(config: Any, workdir: str) -> Run:
         model_fields(config, task.vocab_size), build.build_deq_spec(config.deq)
     )
     tx, schedule = make_optimizer(tc)
-    state = init_state(model, tx, tc.seq_len, tc.seed)
-    mems = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
+    # The template in this run's layout, the state replicated and the memory split along
+    # the batch: the checkpoint is read straight into it, whatever the device and
+    # process counts that saved it (orbax refuses a template without shardings once
+    # the devices differ, and a restored array cannot be copied across hosts).
+    state = sharding.replicate(init_state(model, tx, tc.seq_len, tc.seed), mesh)
+    fresh = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
+    template = {"state": state, "mems": place_memory(fresh, mesh, tc.batch_size)}
     ckpt = make_checkpointer(config, workdir)
-    restored, start = ckpt.restore_or_init({"state": state, "mems": mems})
+    restored, start = ckpt.restore_or_init(template)
     return Run(
         mesh=mesh,
         task=task,
         model=model,
         schedule=schedule,
-        state=sharding.replicate(restored["state"], mesh),
+        state=restored["state"],
         start_step=start,
         checkpointer=ckpt,
-        carry=place_memory(restored["mems"], mesh, tc.batch_size),
+        carry=restored["mems"],
     )
 
 
@@ -154,7 +159,7 @@ def restore_language_model(config: Any, workdir: str) -> tuple[Any, Any, Vocabul
     model = build.build_model(model_fields(config, vocab.size), build.build_deq_spec(config.deq))
     tx, _ = make_optimizer(tc)
     state = init_state(model, tx, tc.seq_len, tc.seed)
-    mems = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
+    mems = model.init_mems(tc.batch_size)  # on the default device, as the state
     ckpt = Checkpointer(workdir, every_steps=1, keep=max(config.ckpt.keep, 1))
     try:
         if ckpt.latest_step() is None:

@@ -7,11 +7,18 @@ steps with the carry threaded through them, the logging interval's means
 (`interval_mean`), non-finite steps skipped and counted, the periodic evaluation and the
 selection of the best state past the warm-up, checkpoints (the latest stays the last
 good one), and at the end the family's final report of the selected state.
+
+A stop on request (SIGTERM or SIGINT, `deq_jax.training.preemption`) ends the loop after
+the step it arrives in, at a step every process agrees on: that step's evaluation is
+skipped, a checkpoint is saved at it, one line says so, and the run returns without a
+final report. Resumed there, the loop first runs the periodic evaluation the stop
+skipped, so the selection of the best state is that of an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Collection
 from typing import Any, NamedTuple
 
@@ -21,9 +28,10 @@ import numpy as np
 from deq_jax.training.evaluate import short_metrics, weights_to_score
 from deq_jax.training.family import Family
 from deq_jax.training.nonfinite import SKIPPED, NonFiniteSteps, logged
+from deq_jax.training.preemption import StopRequests
 from deq_jax.training.selection import BestCheckpoint, SelectionRule
 from deq_jax.training.state import TrainState
-from deq_jax.training.writers import MetricWriter, ProgressLogger
+from deq_jax.training.writers import METRICS_FILE, MetricWriter, ProgressLogger, read_metrics
 
 
 class RunResult(NamedTuple):
@@ -39,6 +47,8 @@ class RunResult(NamedTuple):
         ``{}`` when the run stopped early through ``train.stop_at_step``).
       carry: what the last step handed to the next (the language model's segment
         memory; ``None`` for the tasks).
+      stopped_by: the signal that stopped the run before ``train.steps`` (``"SIGTERM"``,
+        ``"SIGINT"``; a checkpoint at ``step`` was saved), or ``None``.
     """
 
     state: TrainState
@@ -46,6 +56,7 @@ class RunResult(NamedTuple):
     eval_metrics: dict[str, dict]
     report: dict
     carry: Any = None
+    stopped_by: str | None = None
 
 
 # Train metrics present on some steps only (NaN or absent elsewhere): averaged over the
@@ -90,11 +101,23 @@ class Loop:
       run: its `deq_jax.training.setup.Run` (``family.setup``'s).
       emit: receives every human-readable line.
       previous: the report of the run this one continues (`earlier_report`), or ``None``.
+      stop: the run's `StopRequests` (``None``: stops only at the end).
     """
 
-    def __init__(self, config, workdir, family: Family, run, emit, previous: dict | None):
+    def __init__(
+        self,
+        config,
+        workdir,
+        family: Family,
+        run,
+        emit,
+        previous: dict | None,
+        stop: StopRequests | None = None,
+    ):
         self.config, self.workdir, self.family, self.run = config, workdir, family, run
         self.emit, self.previous = emit, previous
+        self.stop = stop if stop is not None else StopRequests()
+        self.stopped_by: str | None = None
         self.lead = jax.process_index() == 0
         self.state, self.carry = run.state, run.carry
         self.writer = MetricWriter(workdir, tensorboard=config.log.tensorboard, enabled=self.lead)
@@ -155,10 +178,50 @@ class Loop:
         metrics = results.get(rule.split) or evaluator.evaluate(self.state, rule.split)
         self.best.offer(step, self.state, rule.score(metrics))
 
+    def evaluation_due(self, step: int) -> bool:
+        """Whether ``step`` has a periodic evaluation."""
+        every = self.config.eval.every_steps
+        return bool(every) and step % every == 0 and step < self.config.train.steps
+
+    def skipped_evaluation(self, start: int) -> bool:
+        """Whether the restored step ``start`` is due a periodic evaluation that the
+        workdir's metrics lack (a stop on request skipped it)."""
+        if not start or not self.evaluation_due(start):
+            return False
+        written = os.path.exists(os.path.join(self.workdir, METRICS_FILE))
+        records = read_metrics(self.workdir) if written else []
+        done = {r["split"] for r in records if r["step"] == start}
+        return any(split not in done for split in self.periodic_splits)
+
+    def stop_after(self, step: int, saved: bool = False) -> int:
+        """Saves a checkpoint at ``step`` (unless ``saved``) once a stop was requested,
+        says so, and returns ``step``."""
+        ckpt = self.run.checkpointer
+        self.stop.default_actions()  # a second signal now ends the process at once
+        self.stopped_by = self.stop.signal_name
+        if not saved:
+            ckpt.maybe_save(step, self.family.checkpoint_item(self.state, self.carry), force=True)
+        ckpt.wait()
+        processes = jax.process_count()
+        agreed = f" (all {processes} processes)" if processes > 1 else ""
+        self.emit(
+            f"Stopped by {self.stopped_by} after step {step}: saved a checkpoint at step "
+            f"{step}{agreed} in {ckpt.directory}. Run the same command again to resume from it."
+        )
+        return step
+
     def train(self, stop: int) -> int:
-        """Runs the steps after the restored one up to ``stop``; returns the last step."""
+        """Runs the steps after the restored one up to ``stop``; returns the last step
+        (earlier after a stop on request, `stopped_by`)."""
         config, family, start = self.config, self.family, self.run.start_step
         tc, ckpt = config.train, self.run.checkpointer
+        if self.stop.local():  # asked to stop during the set-up: nothing new to save
+            self.stopped_by = self.stop.signal_name
+            self.emit(f"Stopped by {self.stopped_by} before step {start + 1}; nothing to save.")
+            return start
+        if self.skipped_evaluation(start):
+            self.eval_metrics = self.evaluate(start)
+            self.select(start, self.eval_metrics)
         batches = family.train_batches(config, self.run)
         history: list[dict[str, Any]] = []
         for step in range(start + 1, stop + 1):
@@ -183,16 +246,25 @@ class Loop:
                 self.writer.write(step, "train", mean)
                 self.progress.line(step, mean)
                 history = []
-            if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tc.steps:
+            if self.stop.reached(step):  # every process asks at every step
+                return self.stop_after(step)
+            if self.evaluation_due(step):
                 self.eval_metrics = self.evaluate(step)
                 self.select(step, self.eval_metrics)
+            saved = False
             if not skipped:  # the latest checkpoint stays the last good one
-                ckpt.maybe_save(step, family.checkpoint_item(self.state, self.carry))
+                saved = ckpt.maybe_save(step, family.checkpoint_item(self.state, self.carry))
+            if self.stop.local():  # a signal during the evaluation or the save
+                return self.stop_after(step, saved)
         return max(stop, start)
 
     def finish(self, last_step: int, train_seconds: float) -> RunResult:
-        """Saves the last step and, at ``train.steps``, selects and reports."""
+        """Saves the last step and, at ``train.steps``, selects and reports (after a
+        stop on request: neither)."""
         ckpt = self.run.checkpointer
+        if self.stopped_by is not None:
+            carry, metrics = self.carry, self.eval_metrics
+            return RunResult(self.state, last_step, metrics, {}, carry, self.stopped_by)
         ckpt.maybe_save(last_step, self.family.checkpoint_item(self.state, self.carry), force=True)
         ckpt.wait()
         if self.previous is not None:

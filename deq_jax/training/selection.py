@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import jax
 import orbax.checkpoint as ocp
 
-from deq_jax.training.checkpoint import CheckpointMismatchError, describe_mismatch
+from deq_jax.training.checkpoint import CheckpointMismatchError, describe_mismatch, save_error
 
 BEST_DIR = "checkpoints_best"
 # The record's item name in a best checkpoint; orbax writes it as ``selection/metadata``.
@@ -153,7 +153,9 @@ class BestCheckpoint:
     ):
         self.rule = rule
         self.directory = best_directory(workdir)
-        options = ocp.CheckpointManagerOptions(max_to_keep=1, create=True)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=1, create=True, cleanup_tmp_directories=True
+        )
         handlers = {
             _STATE_ITEM: ocp.StandardCheckpointHandler(),
             _RECORD_ITEM: ocp.JsonCheckpointHandler(),
@@ -206,6 +208,9 @@ class BestCheckpoint:
 
         Every process calls it with the same score (the evaluation is global), so all
         take the same branch, as orbax's collective save needs.
+
+        Raises:
+          CheckpointSaveError: if the save failed (the previous best is intact).
         """
         if self.step == step or not self.rule.better(score, self.score):
             return False
@@ -216,8 +221,13 @@ class BestCheckpoint:
             _STATE_ITEM: ocp.args.StandardSave(state),
             _RECORD_ITEM: ocp.args.JsonSave(record),
         }
-        self._manager.save(step, args=ocp.args.Composite(**args), force=True)
-        self._manager.wait_until_finished()
+        try:
+            self._manager.save(step, args=ocp.args.Composite(**args), force=True)
+            self._manager.wait_until_finished()
+        except Exception as e:  # a full disk: the previous best is intact
+            self._manager.reload()
+            intact = [s for s in self._manager.all_steps() if s != step]
+            raise save_error(self.directory, step, e, sorted(intact), best=True) from e
         self.record = record
         return True
 

@@ -22,6 +22,7 @@ from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer, saved_steps
 from deq_jax.training.optim import make_optimizer
 from deq_jax.training.state import TrainState, create_train_state
+from deq_jax.training.workdir import WorkdirLock, ensure_workdir, lock_workdir
 
 
 class Run(NamedTuple):
@@ -75,6 +76,30 @@ def check_config(config: Any, workdir: str) -> None:
             raise ValueError(f"config.{key}={value} must be at least 1 (--config.{key}=...).")
 
 
+def _initialize_distributed(config: Any) -> None:
+    tc = config.train
+    sharding.initialize_distributed(
+        tc.distributed,
+        tc.coordinator_address,
+        tc.num_processes,
+        tc.process_id,
+        tc.heartbeat_timeout_s,
+    )
+
+
+def begin_run(config: Any, workdir: str, emit: Callable[[str], None] = print) -> WorkdirLock | None:
+    """What a training run does before anything else: checks the config
+    (`check_config`), joins the other processes (``train.distributed``), creates the
+    workdir and takes its lock (`deq_jax.training.workdir.lock_workdir`).
+
+    Returns:
+      The lock (process 0; ``None`` on the others), to be released when the run ends.
+    """
+    check_config(config, workdir)
+    _initialize_distributed(config)
+    return lock_workdir(workdir, emit)
+
+
 def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
     """What every training run does first: checks the config (`check_config`), joins
     the other processes (``train.distributed``), makes the device mesh and checks the
@@ -86,16 +111,10 @@ def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
     """
     check_config(config, workdir)
     tc = config.train
-    sharding.initialize_distributed(
-        tc.distributed,
-        tc.coordinator_address,
-        tc.num_processes,
-        tc.process_id,
-        tc.heartbeat_timeout_s,
-    )
+    _initialize_distributed(config)
     mesh = sharding.make_mesh()
     sharding.check_batch_size(tc.batch_size, mesh)
-    os.makedirs(workdir, exist_ok=True)
+    ensure_workdir(workdir)
     task = build.build_task(config.task, workdir)
     sharding.lead_first(task.prepare, "deq_jax:prepare_data")  # one writer of {workdir}/data
     return mesh, task

@@ -19,9 +19,16 @@ selected. A step with a non-finite loss or gradient norm is skipped and logged; 
 ``train.max_nonfinite_steps`` in a row the run stops. A finished workdir run again with
 the same ``train.steps`` says so and writes nothing; with a larger one it continues.
 
-Files in the workdir: ``checkpoints/`` (orbax), ``checkpoints_best/`` (the best state
-and its record), ``metrics.jsonl``, ``tensorboard/``, ``config.json``, the family's
-report and ``data/`` (generated data, unless ``task.data_dir`` is set).
+A workdir holds one live run (`deq_jax.training.workdir`: a second start is refused,
+naming the first; a dead run's lock is taken over). SIGTERM and SIGINT stop the run
+after the step they arrive in, with a checkpoint at that step
+(`deq_jax.training.preemption`); the `RunResult` then says which signal
+(``stopped_by``), and the same call resumes there.
+
+Files in the workdir: ``run.lock`` (while a run is live), ``checkpoints/`` (orbax),
+``checkpoints_best/`` (the best state and its record), ``metrics.jsonl``,
+``tensorboard/``, ``config.json``, the family's report and ``data/`` (generated data,
+unless ``task.data_dir`` is set).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -47,6 +54,8 @@ from deq_jax.training.loop import (  # interval_mean, SPARSE_METRICS: re-exporte
     interval_mean,  # noqa: F401
 )
 from deq_jax.training.nonfinite import NonFiniteLossError  # noqa: F401 (re-exported)
+from deq_jax.training.preemption import StopRequests
+from deq_jax.training.setup import begin_run
 from deq_jax.training.task_family import TaskFamily
 from deq_jax.training.writers import read_metrics, write_text
 
@@ -151,8 +160,22 @@ def train_and_evaluate(
         non-finite loss or gradient norm (each one skipped, logged and counted as
         ``skipped_steps``); the message names the steps and the last good checkpoint,
         which is kept.
+      WorkdirError: if the workdir cannot be created or written.
+      WorkdirLockedError: if another live run holds the workdir.
+      CheckpointSaveError: if writing a checkpoint failed (the earlier ones are intact).
     """
     family = family or family_for(config, emit)
+    lock = begin_run(config, workdir, emit)
+    try:
+        with StopRequests() as stop:
+            return _train(config, workdir, emit, family, stop)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(config: Any, workdir: str, emit, family: Family, stop: StopRequests) -> RunResult:
+    """`train_and_evaluate` once the workdir is held and the stop signals are caught."""
     tc = config.train
     run = family.setup(config, workdir)
     start = run.start_step
@@ -169,11 +192,11 @@ def train_and_evaluate(
         f"{'resuming from step ' + str(start) if start else 'starting from scratch'}; "
         f"workdir {workdir}"
     )
-    loop = Loop(config, workdir, family, run, emit, previous)
+    loop = Loop(config, workdir, family, run, emit, previous, stop)
     began = time.perf_counter()
     try:
-        stop = min(tc.stop_at_step, tc.steps) if tc.stop_at_step else tc.steps
-        last_step = loop.train(stop)
+        last = min(tc.stop_at_step, tc.steps) if tc.stop_at_step else tc.steps
+        last_step = loop.train(last)
         return loop.finish(last_step, time.perf_counter() - began)
     finally:
         loop.close()
