@@ -1,8 +1,8 @@
 """What a checkpoint save costs the training loop: synchronous against asynchronous.
 
-Builds a run from a config (`deq_jax.training.family_for`), then, for each mode, times
-training steps in turns: a plain step, and a step followed by a save of the checkpoint
-item and the next step (with ``async_save`` the write overlaps that next step). The
+Builds a run from a config (`deq_jax.training.family_for`), then times training steps
+in turns, the two modes interleaved: two plain steps, then a save of the checkpoint item
+and the next step (with ``async_save`` the write overlaps that next step). The
 figures are medians over ``--rounds`` after a warm-up: the plain step, the save call
 itself, the step after it, and their sum against two plain steps.
 
@@ -51,26 +51,32 @@ def measure(config, rounds: int) -> dict[str, dict[str, float]]:
         state, carry, metrics = step_fn(state, carry, next(batches), number)
         return metrics
 
-    out = {}
-    for mode in ("sync", "async"):
-        ckpt = Checkpointer(
+    modes = ("sync", "async")
+    ckpts = {
+        mode: Checkpointer(
             tempfile.mkdtemp(prefix=f"save_cost_{mode}_"),
             every_steps=1,
             keep=2,
             async_save=mode == "async",
         )
-        plain, call, after = [], [], []
-        for turn in range(rounds + 1):
+        for mode in modes
+    }
+    times = {mode: ([], [], []) for mode in modes}  # plain, save call, step after
+    for turn in range(rounds + 1):  # the modes interleaved, in alternating order
+        for mode in modes if turn % 2 else modes[::-1]:
+            plain, call, after = times[mode]
             for _ in range(2):
                 plain.append(_timed(step)[1])
             began = time.perf_counter()
-            ckpt.maybe_save(number, family.checkpoint_item(state, carry))
+            ckpts[mode].maybe_save(number, family.checkpoint_item(state, carry))
             call.append(time.perf_counter() - began)
             after.append(_timed(step)[1])
-            ckpt.wait()  # the next turn starts with nothing pending
-            if turn == 0:
-                plain, call, after = [], [], []
-        ckpt.close()
+            ckpts[mode].wait()  # the next turn starts with nothing pending
+            if turn == 0:  # the warm-up
+                times[mode] = ([], [], [])
+    out = {}
+    for mode, (plain, call, after) in times.items():
+        ckpts[mode].close()
         median = statistics.median
         out[mode] = dict(
             step=median(plain),

@@ -46,6 +46,7 @@ from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.evaluate import read_train_seconds
 from deq_jax.training.family import Family
 from deq_jax.training.frozen_deq import FrozenDEQ
+from deq_jax.training.setup import begin_run
 from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
 from deq_jax.training.writers import write_json
 
@@ -270,9 +271,19 @@ def fit_solvers(
     Raises:
       ValueError: if the model's workdir has no checkpoint, or the model does not
         converge well enough to give fixed points (see `collect_targets`).
+      WorkdirLockedError: if another live run holds ``workdir``.
     """
     spec = NeuralSolverSpec.from_run_config(config)
-    os.makedirs(workdir, exist_ok=True)
+    lock = begin_run(config, workdir, emit)  # one live run per workdir, as training
+    try:
+        return _fit_solvers(family, config, workdir, emit, spec)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _fit_solvers(family, config, workdir, emit, spec: NeuralSolverSpec) -> HyperSolverRun:
+    """`fit_solvers` once the workdir is held."""
     run, frozen = restore_frozen(family, config, emit)
     batches = family.batches(config, run, frozen.variables, spec)
     began = time.perf_counter()
