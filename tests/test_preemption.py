@@ -165,7 +165,7 @@ def test_stop_requests_outside_the_main_thread_install_nothing():
     assert seen == [(before, False)]
 
 
-def test_stop_requests_restore_the_handlers_and_answer_once_per_step():
+def test_stop_requests_stop_after_a_signal_and_restore_the_handlers():
     before = signal.getsignal(signal.SIGINT)
     with StopRequests() as stop:
         assert not stop.reached(1) and not stop.local()

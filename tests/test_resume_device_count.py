@@ -30,6 +30,7 @@ import pytest
 from conftest import ROOT, run_on_devices
 
 from configs import lm_shakespeare, prefix_sum
+from deq_jax.training.checkpoint import Checkpointer, saved_steps
 from deq_jax.training.lm_setup import restore_language_model
 from launch import multiprocess
 
@@ -219,3 +220,30 @@ def test_two_processes_of_four_devices_resume_in_one_process_of_one(runs, tmp_pa
     assert "[1] PrefixSumDEQ: 1152 parameters, 8 device(s), starting from scratch" in proc.stdout
     (continued,) = _train(1, _prefix(tmp_path, runs["data"], 2 * K))
     _assert_continues(continued, runs["8->1"][1])
+
+
+_SAVE_ON_EIGHT = """
+import sys
+import jax, jax.numpy as jnp
+from deq_jax.training import sharding
+from deq_jax.training.checkpoint import Checkpointer
+
+ckpt = Checkpointer(sys.argv[1], every_steps=1, keep=2)
+state = sharding.replicate({"w": jnp.arange(8.0)}, sharding.make_mesh())
+ckpt.maybe_save(1, state)
+ckpt.close()
+print("RESULT " + str(jax.device_count()))
+"""
+
+
+def test_a_template_without_this_runs_shardings_is_refused_not_set_aside(tmp_path):
+    """Orbax refuses an unsharded template for a checkpoint saved on other devices: that
+    is the caller's mistake, said in one error, and the checkpoint is not moved aside as
+    if it were damaged."""
+    assert run_on_devices(_SAVE_ON_EIGHT, tmp_path, devices=8) == 8
+    ckpt = Checkpointer(str(tmp_path), every_steps=1, keep=2)
+    with pytest.raises(ValueError, match="saved on other devices.*this run's shardings"):
+        ckpt.restore_or_init({"w": np.zeros(8, np.float32)})
+    ckpt.close()
+    assert saved_steps(str(tmp_path)) == [1]
+    assert not os.path.exists(tmp_path / "checkpoints_unreadable")

@@ -89,6 +89,15 @@ def _json_problem(step_dir: str) -> tuple[str, str] | None:
     return None
 
 
+def _chain_text(error: BaseException) -> str:
+    """The messages of ``error`` and of every error it was raised from, in one string."""
+    texts = []
+    while error is not None and len(texts) < 32:
+        texts.append(str(error))
+        error = error.__cause__ or error.__context__
+    return "\n".join(texts)
+
+
 def describe_read_error(step_dir: str, error: BaseException) -> tuple[str, str]:
     """``(file, error)``: the damaged file of an unreadable checkpoint and the error, in
     one line each.
@@ -235,7 +244,7 @@ class Checkpointer:
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # orbax and TensorStore raise many types
-                if _DEVICES_DIFFER in str(e):  # the template's fault, not the checkpoint's
+                if _DEVICES_DIFFER in _chain_text(e):  # the template's fault, not the data's
                     raise ValueError(
                         f"The checkpoint at step {step} in {self.directory} was saved on "
                         "other devices, and the template it is restored into has no sharding "
