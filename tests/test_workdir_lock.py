@@ -117,3 +117,30 @@ def test_training_refuses_a_held_workdir_before_writing_anything(tmp_path):
         train_and_evaluate(config, str(workdir), emit=lambda line: None)
     assert os.listdir(workdir) == [LOCK_FILE]
     assert not os.path.exists(tmp_path / "data")
+
+
+@pytest.mark.slow
+def test_every_process_of_a_job_stops_when_process_zero_is_refused(tmp_path):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    _write_lock(workdir)  # this live process holds it
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "launch.multiprocess", "--num_processes=2"),
+            *("--devices_per_process=1", "--grace_s=60", "--"),
+            *("--config=configs/prefix_sum.py:smoke", f"--workdir={workdir}"),
+            f"--config.task.data_dir={tmp_path / 'data'}",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "[0] FATAL workdir error: The workdir" in out and "in use by another run" in out
+    assert "[1] FATAL workdir error: Process 0 could not take the workdir" in out
+    assert "Traceback" not in out
+    assert sorted(os.listdir(workdir)) == [LOCK_FILE]
