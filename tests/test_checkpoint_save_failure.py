@@ -64,7 +64,10 @@ def test_a_failed_save_leaves_the_previous_checkpoint_intact(
     state, step = again.restore_or_init({"w": np.zeros(8, np.float32)})
     again.close()
     assert step == 1 and np.array_equal(np.asarray(state["w"]), np.ones(8))
-    assert os.listdir(tmp_path / "checkpoints") == ["1"]  # the temporary one removed
+    # Anything else is orbax's temporary directory (removed at the next start, unless a
+    # background thread of the failed save creates it only after that start).
+    others = [d for d in os.listdir(tmp_path / "checkpoints") if d != "1"]
+    assert all(d.startswith("2.orbax-checkpoint-tmp") for d in others)
 
 
 def test_a_failed_first_save_says_there_is_no_earlier_checkpoint(tmp_path, monkeypatch):
