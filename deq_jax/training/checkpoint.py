@@ -89,13 +89,13 @@ def _json_problem(step_dir: str) -> tuple[str, str] | None:
     return None
 
 
-def _chain_text(error: BaseException) -> str:
-    """The messages of ``error`` and of every error it was raised from, in one string."""
-    texts = []
-    while error is not None and len(texts) < 32:
-        texts.append(str(error))
-        error = error.__cause__ or error.__context__
-    return "\n".join(texts)
+def _error_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and every error it was raised from (``__cause__``, else
+    ``__context__``), outermost first."""
+    chain = [error]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    return chain
 
 
 def describe_read_error(step_dir: str, error: BaseException) -> tuple[str, str]:
@@ -109,9 +109,7 @@ def describe_read_error(step_dir: str, error: BaseException) -> tuple[str, str]:
     found = _json_problem(step_dir)
     if found:
         return found
-    inner = error
-    while inner.__cause__ is not None or inner.__context__ is not None:
-        inner = inner.__cause__ or inner.__context__
+    inner = _error_chain(error)[-1]
     text = " ".join(str(inner).split())
     if len(text) > _MAX_ERROR_CHARS:
         text = text[: _MAX_ERROR_CHARS - 3] + "..."
@@ -244,7 +242,7 @@ class Checkpointer:
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # orbax and TensorStore raise many types
-                if _DEVICES_DIFFER in _chain_text(e):  # the template's fault, not the data's
+                if any(_DEVICES_DIFFER in str(x) for x in _error_chain(e)):  # not damage
                     raise ValueError(
                         f"The checkpoint at step {step} in {self.directory} was saved on "
                         "other devices, and the template it is restored into has no sharding "

@@ -197,7 +197,6 @@ class Loop:
         """Saves a checkpoint at ``step`` (unless ``saved``) once a stop was requested,
         says so, and returns ``step``."""
         ckpt = self.run.checkpointer
-        self.stop.default_actions()  # a second signal now ends the process at once
         self.stopped_by = self.stop.signal_name
         if not saved:
             ckpt.maybe_save(step, self.family.checkpoint_item(self.state, self.carry), force=True)

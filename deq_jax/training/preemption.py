@@ -71,7 +71,6 @@ class StopRequests:
         self._previous: dict[int, Any] = {}
         self._several = False
         self._service = False
-        self._agreed: tuple[int, bool] | None = None
 
     def __enter__(self) -> StopRequests:
         self._several = jax.process_count() > 1
@@ -100,7 +99,7 @@ class StopRequests:
 
     def default_actions(self) -> None:
         """Gives both signals their default action back: a further one ends the process
-        at once. Called on the first signal, and by the loop before it saves."""
+        at once. Called on the first signal, or once the processes agree to stop."""
         if threading.current_thread() is threading.main_thread():
             for signum in STOP_SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
@@ -112,13 +111,11 @@ class StopRequests:
 
     def reached(self, step: int) -> bool:
         """Whether training stops after ``step``; called once per step, on every process
-        with the same steps (a repeated call for the same step returns the same answer).
+        with the same steps.
 
         One process: whether a signal has arrived. Several: whether JAX's preemption
         sync point is ``step`` (or, without the service, whether any process has a
         request, exchanged in a collective)."""
-        if self._agreed is not None and self._agreed[0] == step:
-            return self._agreed[1]
         if not self._several:
             stop = self.signal_name is not None
         elif self._service:
@@ -129,5 +126,4 @@ class StopRequests:
         if stop:
             self.signal_name = self.signal_name or "SIGTERM"  # another process's, or JAX's
             self.default_actions()
-        self._agreed = (step, stop)
         return stop
