@@ -47,7 +47,13 @@ LAZY_CHECKED = ("deq_jax",)
 MAX_LINES = 400
 
 # Each floor of DESIGN.md, lowest first; floors sharing a rank do not import each other.
-GROUND = ("deq_jax._flat", "deq_jax._forward_mode", "deq_jax._registry", "deq_jax._sections")
+GROUND = (
+    "deq_jax._flat",
+    "deq_jax._forward_mode",
+    "deq_jax._registry",
+    "deq_jax._sections",
+    "deq_jax.precision",
+)
 RANKS = {
     "ground": 0,
     "solvers": 1,
