@@ -39,9 +39,11 @@ Sections:
     a neural-solver run (`NeuralSolverSpec`): the fitted solver's ``tol`` and
     ``max_iter`` (also those of the Anderson it is compared with) and the reference
     Anderson solve of its fitting targets (``target_tol``, ``target_max_iter``).
-    ``compute_dtype="bfloat16"`` runs the cell in bfloat16 inside the solve, the
-    solver's state, residuals and the parameters staying float32 (``""``: the state's
-    dtype; `deq_jax.nn.DEQSpec`, for accelerators).
+    ``precision`` is the arithmetic of the cell's matmuls and convolutions:
+    ``default`` (the backend's), ``float32``, or ``bfloat16`` (bfloat16 operands,
+    float32 accumulation; the solver's state, residuals, parameters and backward solve
+    stay float32); below float32 each solve stops at its measured residual floor times
+    ``floor_margin`` (`deq_jax.nn.DEQSpec`, `deq_jax.precision`).
   train: steps, global batch size, optimiser, schedule, clipping, seed,
     ``pretrain_steps`` (a warm-up: the first steps train the same parameters as the
     explicit weight-tied network, for models with ``mode="weight_tied"``, e.g. MDEQ),
@@ -286,7 +288,8 @@ def get_config() -> ConfigDict:
             eval_max_iter=30,
             settle_patience=0,
             settle_tol=0.0,
-            compute_dtype="",
+            precision="default",
+            floor_margin=1.0,
         )
     )
     config.deq.neural_solver = dataclass_section(NeuralSolverSpec, only=BUDGET_FIELDS)

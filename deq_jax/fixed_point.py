@@ -13,7 +13,9 @@ from deq_jax import _flat
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.backward.nonfinite import flag_nonfinite_inputs, nonfinite_rows, solve_watched
+from deq_jax.precision import in_precision
 from deq_jax.solvers.base import Solution, Solver
+from deq_jax.solvers.floor import floor_of
 from deq_jax.solvers.loop import iterate
 
 
@@ -33,6 +35,16 @@ def with_budget(solver: Any, max_iter: int | None) -> Solver:
     if not isinstance(solver, Solver):
         raise TypeError(f"solver must be a deq_jax Solver, got {solver!r}.")
     return solver if max_iter is None else solver.replace(max_iter=max_iter)
+
+
+def _in_precision(
+    f: Callable[..., Any], solver: Solver, backward: Backward, precision: str
+) -> tuple[Callable[..., Any], Solver, Backward]:
+    """``f`` in ``precision``, the solvers stopping at its floor (unless given one)."""
+    floor = floor_of(precision)
+    if floor is not None and solver.floor is None:
+        solver = solver.replace(floor=floor)
+    return in_precision(f, precision), solver, backward.with_floor(floor)
 
 
 def _flat_start(
@@ -56,6 +68,7 @@ def fixed_point(
     max_iter: int | None = None,
     batched: bool | None = None,
     stats_probe: jax.Array | None = None,
+    precision: str | None = None,
 ) -> Solution:
     """Solves ``z = f(z, args)`` from ``z0`` and returns the fixed point and statistics.
 
@@ -76,6 +89,12 @@ def fixed_point(
         batched unless a leaf is a scalar. Pass ``False`` for a single vector state.
       stats_probe: an optional `deq_jax.backward.stats_probe()`; its gradient carries
         the backward solve's statistics (see `deq_jax.backward.probe`).
+      precision: ``None`` solves ``f`` as written. A precision's name
+        (`deq_jax.precision`: ``"default"``, ``"float32"``, ``"bfloat16"``) computes
+        ``f``'s matmuls and convolutions in that arithmetic, and where it is coarser
+        than float32 the forward and IFT backward solves measure their residual floor
+        and stop at ``max(tol, floor)`` (`deq_jax.solvers.floor`; ``stats.floor``,
+        ``stats.at_floor``). The state, residuals and backward solve stay float32.
 
     Returns:
       A `Solution` with ``value`` (like ``z0``) and per-sample ``stats``.
@@ -94,6 +113,8 @@ def fixed_point(
         raise TypeError(f"backward must be a deq_jax backward mode, got {backward!r}.")
     solver = with_budget(solver, max_iter)
     backward.check_solver(solver)
+    if precision is not None:
+        f, solver, backward = _in_precision(f, solver, backward, precision)
     layout, z0_flat = _flat_start(f, z0, args, batched)
 
     def fn(z_flat, a):

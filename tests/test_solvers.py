@@ -434,7 +434,8 @@ def test_unknown_solver_name_lists_the_valid_ones():
 
 def test_unknown_solver_keyword_lists_the_valid_ones():
     with pytest.raises(
-        ValueError, match=r"'memory'.*Valid keywords: tol, max_iter, stop_mode, full_budget, m"
+        ValueError,
+        match=r"'memory'.*Valid keywords: tol, max_iter, stop_mode, full_budget, floor, m",
     ):
         solvers.get("anderson", memory=3)
 

@@ -80,7 +80,8 @@ def test_stats_that_hold_no_arrays_print_their_fields():
     shapes = jax.tree_util.tree_map(lambda a: a.shape, stats)
     assert repr(shapes) == (
         f"SolverStats(nstep=({B},), abs_residual=({B},), rel_residual=({B},), "
-        f"converged=({B},), diverged=({B},), trace=({B}, 50), part=None, switched_at=None)"
+        f"converged=({B},), diverged=({B},), trace=({B}, 50), part=None, switched_at=None, "
+        "floor=None, at_floor=None)"
     )
     axes = S.SolverStats(*([0] * 6))
     assert repr(axes).startswith("SolverStats(nstep=0, abs_residual=0")

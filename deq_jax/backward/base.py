@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.solvers.floor import Floor
 
 FlatFn = Callable[[jax.Array, Any], jax.Array]
 
@@ -36,6 +37,13 @@ class Backward(abc.ABC):
         (`deq_jax.fixed_point` and `deq_jax.nn.DEQSpec` call it); every solver passes by
         default."""
         del solver
+
+    def with_floor(self, floor: Floor | None) -> Backward:
+        """This mode with its backward solve stopping at the residual floor ``floor``
+        (`deq_jax.solvers.floor`) of a reduced-precision cell. Modes without a solve of
+        their own, and solvers given a floor already, are returned unchanged."""
+        del floor
+        return self
 
     @abc.abstractmethod
     def solve(

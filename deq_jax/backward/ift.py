@@ -25,7 +25,7 @@ from deq_jax.backward.krylov import gmres
 from deq_jax.backward.nonfinite import all_finite
 from deq_jax.backward.probe import encode_stats
 from deq_jax.solvers import get as get_solver
-from deq_jax.solvers.base import Solver, SolverStats
+from deq_jax.solvers.base import REL_EPS, Solver, SolverStats
 from deq_jax.solvers.loop import iterate
 
 ON_FAILURE = ("warn", "nan", "ignore")
@@ -114,6 +114,13 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
                 f"ift(solver=...) takes a Solver, a solver name or 'gmres'; got {self.solver!r}."
             )
 
+    def with_floor(self, floor: Any) -> ift:
+        """An explicit backward solver given ``floor`` (an inherited forward solver
+        carries the forward solver's floor already; GMRES stops on its own tolerance)."""
+        if floor is None or not isinstance(self.solver, Solver) or self.solver.floor:
+            return self
+        return dataclasses.replace(self, solver=self.solver.replace(floor=floor))
+
     def inherit(self, forward_solver: Solver) -> Solver:
         """The backward solver inherited from ``forward_solver`` (``solver`` unset)."""
         changes = {k: v for k, v in (("tol", self.tol), ("max_iter", self.max_iter)) if v}
@@ -122,8 +129,16 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
     def solve(self, fn: FlatFn, z0, params, solver, probe=None):
         return _ift_solve(self, fn, solver, z0, params, probe)
 
-    def backward_solve(self, fn: FlatFn, z_star, params, g, forward_solver: Solver):
-        """Solves the backward system; returns ``(param cotangents, stats)``."""
+    def backward_solve(
+        self, fn: FlatFn, z_star, params, g, forward_solver: Solver, floor: Any = None
+    ):
+        """Solves the backward system; returns ``(param cotangents, stats)``.
+
+        ``floor`` is the forward solve's relative residual floor ``[B]`` (a
+        reduced-precision cell, `deq_jax.solvers.floor`), or ``None``: the backward
+        solve runs the same arithmetic, so it stops at the same relative floor without
+        measuring its own (in ``"abs"`` stop mode, scaled by ``||g||``).
+        """
         # one evaluation at z* linearises f in both z and params (XLA drops the unused
         # params cotangent from the loop's body)
         _, vjp_f = jax.vjp(fn, z_star, params)
@@ -132,9 +147,19 @@ class ift(Backward):  # noqa: N801 - registry name is the constructor name
         if isinstance(linear_solver, gmres):
             u, stats = linear_solver.solve_linear(vjp_z1, g)
         else:
-            u, stats = iterate(linear_solver, lambda u: vjp_z1(u) + g, jnp.zeros_like(g))
+            if floor is not None and linear_solver.stop_mode == "abs":
+                floor = floor * jnp.linalg.norm(g, axis=-1)
+            system = lambda u: vjp_z1(u) + g
+            u, stats = iterate(linear_solver, system, jnp.zeros_like(g), floor=floor)
         _, grads = vjp_f(u)
         return _report_failure(stats, grads, self.on_failure), stats
+
+
+def relative_floor(solver: Solver, stats: SolverStats, z_star: jax.Array) -> jax.Array | None:
+    """The forward solve's residual floor relative to ``||z*||`` (``None`` unmeasured)."""
+    if stats.floor is None or solver.stop_mode == "rel":
+        return stats.floor
+    return stats.floor / (jnp.linalg.norm(z_star, axis=-1) + REL_EPS)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -144,13 +169,13 @@ def _ift_solve(mode: ift, fn: FlatFn, solver: Solver, z0, params, probe):
 
 def _ift_fwd(mode, fn, solver, z0, params, probe):
     z_star, stats = iterate(solver, lambda z: fn(z, params), z0)
-    return (z_star, stats), (z_star, params, probe)
+    return (z_star, stats), (z_star, params, probe, relative_floor(solver, stats, z_star))
 
 
 def _ift_bwd(mode, fn, solver, residuals, cotangents):
-    z_star, params, probe = residuals
+    z_star, params, probe, floor = residuals
     g = cotangents[0]
-    grads, stats = mode.backward_solve(fn, z_star, params, g, solver)
+    grads, stats = mode.backward_solve(fn, z_star, params, g, solver, floor)
     probe_ct = None if probe is None else encode_stats(stats, probe.dtype)
     return jnp.zeros_like(z_star), grads, probe_ct
 

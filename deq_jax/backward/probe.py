@@ -25,7 +25,14 @@ import jax.numpy as jnp
 
 from deq_jax.solvers.base import SolverStats
 
-BACKWARD_STATS = ("nstep_max", "nstep_mean", "abs_residual_max", "converged_fraction")
+BACKWARD_STATS = (
+    "nstep_max",
+    "nstep_mean",
+    "abs_residual_max",
+    "converged_fraction",
+    "floor_mean",
+    "at_floor_fraction",
+)
 
 
 def stats_probe(dtype=jnp.float32) -> jax.Array:
@@ -34,15 +41,19 @@ def stats_probe(dtype=jnp.float32) -> jax.Array:
 
 
 def encode_stats(stats: SolverStats, dtype) -> jax.Array:
-    """The backward `SolverStats` as the probe's cotangent, ``[len(BACKWARD_STATS)]``."""
-    return jnp.stack(
-        [
-            jnp.max(stats.nstep).astype(dtype),
-            jnp.mean(stats.nstep).astype(dtype),
-            jnp.max(stats.abs_residual).astype(dtype),
-            jnp.mean(stats.converged).astype(dtype),
-        ]
-    )
+    """The backward `SolverStats` as the probe's cotangent, ``[len(BACKWARD_STATS)]``
+    (the floor's entries are 0 for a solve that did not measure one)."""
+    floor = jnp.zeros(()) if stats.floor is None else jnp.mean(stats.floor)
+    at_floor = jnp.zeros(()) if stats.at_floor is None else jnp.mean(stats.at_floor)
+    values = [
+        jnp.max(stats.nstep),
+        jnp.mean(stats.nstep),
+        jnp.max(stats.abs_residual),
+        jnp.mean(stats.converged),
+        floor,
+        at_floor,
+    ]
+    return jnp.stack([v.astype(dtype) for v in values])
 
 
 def read_stats_probe(probe_grad: jax.Array) -> dict[str, jax.Array]:

@@ -189,7 +189,7 @@ class DEQ(nn.Module):
         f, z0, args, solver = self._problem(x, z0, train, max_iter)
         # the solver carries the call's budget; fixed_point checks the cell's output
         solve = lambda start, probe=None: fixed_point(
-            f, start, args, solver=solver, backward=self.spec.backward, stats_probe=probe
+            f, start, args, solver=solver, backward=self.spec.backward_for(), stats_probe=probe
         )
         sol = solve(z0, stats_probe)
         if self.spec.terms:
@@ -260,8 +260,8 @@ class DEQ(nn.Module):
             cell_vars, x_in, key = args
             rngs = None if key is None else {"dropout": key}
             cell = lambda z_c, v, x_c: module.apply(v, z_c, x_c, rngs=rngs)
-            # spec.compute_dtype: the cell in bfloat16, the solver's state in float32
-            return self.spec.in_compute_dtype(cell, z, cell_vars, x_in)
+            # spec.precision: the cell's arithmetic; the solver's state stays float32
+            return self.spec.in_precision(cell, z, cell_vars, x_in)
 
         return EquilibriumProblem(f, z0, (variables, x, dropout_key), solver)
 

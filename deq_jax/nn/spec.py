@@ -19,18 +19,15 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
+from deq_jax.precision import check_precision, in_precision
 from deq_jax.regularizers.terms import Term, check_terms
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.base import Solver
+from deq_jax.solvers.floor import Floor, floor_of
 
 Z_INITS = ("zeros", "normal", "mixed")
-COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,26 +54,21 @@ class DEQSpec:
         `SpectralRadius`), each sowing per-sample values that the train step weighs.
         Usually empty in a model's config: the train step adds the terms of
         ``config.regularizer`` and ``config.path_independence``.
-      compute_dtype: the dtype the cell computes in during the solve (mixed precision,
-        issue 70): ``None`` (the default) computes in the state's own dtype, as
-        without the option; ``"bfloat16"`` casts the state, the injected input and the
-        cell's variables (their floating leaves; integer, bool and key leaves are left
-        alone) to bfloat16 in each evaluation of ``f`` and casts the cell's output back
-        to the state's dtype (`in_compute_dtype`). The solver's state, its
-        Anderson/Broyden history, the residuals and the stopping test stay float32; the
-        backward mode's VJPs run through the same ``f``, so they compute in bfloat16
-        and accumulate in float32; the parameters stay float32 (master weights) and so
-        do their gradients. ``"float32"`` casts to float32. Only the DEQ solve is
-        affected (a model's explicit weight-tied or unrolled modes call the cell
-        directly), and a layer that fixes its own computation dtype (e.g.
-        ``nn.Dense(dtype=jnp.float32)``) keeps it. Meant for accelerators with fast
-        bfloat16 matrix units (TPUs, recent GPUs): on a 2-core CPU a train step was
-        1.2x slower. Accuracy: one bfloat16 evaluation of ``f`` is off by about 2e-3
-        (relative), and the fixed point by up to that times ``1 / (1 - rho(J_f))``; the
-        bfloat16 solve stalls at a relative residual of 1e-4 to 3e-3, so a tolerance
-        below that runs the whole budget. The measured errors of the fixed point,
-        loss and gradients on a tanh cell, the language model and the MDEQ:
-        ``docs/results/mixed_precision.md``.
+      precision: the arithmetic of the cell's matmuls and convolutions during the
+        solve (`deq_jax.precision`): ``"default"`` (the backend's: float32 on the CPU,
+        TensorFloat-32 on NVIDIA GPUs, one bfloat16 pass on TPUs), ``"float32"`` (true
+        float32 everywhere) or ``"bfloat16"`` (bfloat16 operands, float32
+        accumulation; norms, softmax and the rest in float32). The solver's state,
+        its history, the residuals, the parameters and the whole backward solve stay
+        float32. Where the arithmetic is coarser than float32 (bfloat16; "default" on
+        a GPU or TPU) every solve measures its residual floor and stops each sample at
+        ``max(tol, floor)`` instead of running its budget below it
+        (`deq_jax.solvers.floor`; the stats' ``floor`` and ``at_floor``), and so does
+        the IFT backward solve. Only the DEQ solve is affected (a model's explicit
+        weight-tied or unrolled modes call the cell directly). Accuracy and iterations
+        per precision: ``docs/solvers_and_gradients.md``.
+      floor_margin: a sample stops at ``max(tol, floor_margin * floor)``
+        (`deq_jax.solvers.floor.Floor`); below 1 trades iterations for accuracy.
 
     Example::
 
@@ -92,7 +84,8 @@ class DEQSpec:
     train_max_iter: int | None = None
     eval_max_iter: int | None = None
     terms: tuple[Term, ...] = ()
-    compute_dtype: str | None = None
+    precision: str = "default"
+    floor_margin: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "terms", check_terms(self.terms))
@@ -110,11 +103,9 @@ class DEQSpec:
             budget = getattr(self, name)
             if budget is not None and (not isinstance(budget, int) or budget < 1):
                 raise ValueError(f"{name} must be None or an integer >= 1, got {budget!r}.")
-        if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(
-                f"compute_dtype must be None or one of {', '.join(COMPUTE_DTYPES)}, got "
-                f"{self.compute_dtype!r}."
-            )
+        check_precision(self.precision)
+        if not self.floor_margin > 0:
+            raise ValueError(f"floor_margin must be positive, got {self.floor_margin!r}.")
 
     def replace(self, **changes: Any) -> DEQSpec:
         """A copy with some fields changed, e.g. ``spec.replace(solver=s, z_init=init)``."""
@@ -128,36 +119,24 @@ class DEQSpec:
         budget = self.train_max_iter if train else self.eval_max_iter
         return self.solver.max_iter if budget is None else budget
 
+    def floor(self) -> Floor | None:
+        """The residual floor rule of this spec's precision on JAX's default backend
+        (`deq_jax.solvers.floor`); ``None`` where the cell's matmuls are true float32."""
+        floor = floor_of(self.precision)
+        return None if floor is None else dataclasses.replace(floor, margin=self.floor_margin)
+
     def solver_for(self, train: bool, max_iter: int | None = None) -> Solver:
-        """The forward solver with the budget of a call with these arguments."""
-        return self.solver.replace(max_iter=self.budget(train, max_iter))
+        """The forward solver with the budget of a call with these arguments, and the
+        floor rule of the precision (unless the solver has one of its own)."""
+        solver = self.solver.replace(max_iter=self.budget(train, max_iter))
+        floor = self.floor()
+        return solver if floor is None or solver.floor is not None else solver.replace(floor=floor)
 
-    def in_compute_dtype(self, fn: Callable[..., Any], z: Any, *operands: Any) -> Any:
-        """``fn(z, *operands)`` computed in ``compute_dtype`` (see the class docstring).
+    def backward_for(self) -> Backward:
+        """The backward mode, its backward solve stopping at the precision's floor."""
+        return self.backward.with_floor(self.floor())
 
-        With ``compute_dtype=None`` this is ``fn(z, *operands)``. Otherwise the floating
-        leaves of ``z`` and ``operands`` are cast to ``compute_dtype`` (other leaves
-        pass unchanged) and the output's leaves are cast back to the dtypes of ``z``'s
-        (an output whose structure differs from ``z``'s is returned as it is, for
-        `deq_jax.fixed_point` to report). Differentiable: the VJP casts the cotangents
-        the same way, so gradients reach ``z`` and ``operands`` in their own dtypes.
-        """
-        if self.compute_dtype is None:
-            return fn(z, *operands)
-        dtype = jnp.dtype(self.compute_dtype)
-        out = fn(*(_cast_floating(tree, dtype) for tree in (z, *operands)))
-        if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(z):
-            return out
-        return jax.tree_util.tree_map(lambda o, s: o.astype(jnp.result_type(s)), out, z)
-
-
-def _cast_floating(tree: Any, dtype: Any) -> Any:
-    """``tree`` with its floating leaves cast to ``dtype``; other leaves unchanged."""
-
-    def cast(leaf):
-        floating = isinstance(leaf, jax.Array | np.ndarray) and jnp.issubdtype(
-            leaf.dtype, jnp.floating
-        )
-        return jnp.asarray(leaf).astype(dtype) if floating else leaf
-
-    return jax.tree_util.tree_map(cast, tree)
+    def in_precision(self, fn: Callable[..., Any], z: Any, *operands: Any) -> Any:
+        """``fn(z, *operands)`` computed in this spec's ``precision``
+        (`deq_jax.precision.in_precision`): the cell of a DEQ's solve."""
+        return in_precision(fn, self.precision)(z, *operands)

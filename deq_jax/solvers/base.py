@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from deq_jax.solvers.floor import Floor
 from deq_jax.solvers.summary import stats_summary, value_summary
 
 STOP_MODES = ("abs", "rel")
@@ -58,6 +59,11 @@ class SolverStats(NamedTuple):
       switched_at: for a composed solver, ``[B]`` int32: the evaluation count ``k`` at
         which that part took over (its first proposal follows evaluation ``k``); ``0``
         if the sample never switched. ``None`` for a plain solver.
+      floor: for a solve that measured its residual floor (a solver with a ``floor``,
+        `deq_jax.solvers.floor`: a cell in reduced precision), ``[B]``: the floor, in
+        the stop mode's units; ``None`` otherwise.
+      at_floor: with ``floor``, ``[B]`` bool: the sample stopped on the floor (its
+        residual passed ``margin * floor`` but not ``tol``; it counts as converged).
 
     Printed (``repr``, ``str``), the statistics read as a one-line summary (steps,
     residuals, converged and diverged counts, shapes); ``stats.summary(trace=True)``
@@ -72,6 +78,8 @@ class SolverStats(NamedTuple):
     trace: jax.Array
     part: jax.Array | None = None
     switched_at: jax.Array | None = None
+    floor: jax.Array | None = None
+    at_floor: jax.Array | None = None
 
     def summary(self, trace: bool = False) -> str:
         """A one-line summary; with ``trace``, the residual trace below it
@@ -132,12 +140,18 @@ class Solver(abc.ABC):
         fixed depth, as "unroll + backprop" training needs) instead of stopping it once
         its residual passes ``tol``; ``tol`` then only decides ``converged`` in the
         statistics. A diverging sample still stops.
+      floor: a `deq_jax.solvers.floor.Floor` (the unit roundoff of ``f``'s arithmetic):
+        the solve measures the residual floor of a reduced-precision ``f`` (one more
+        evaluation) and stops each sample at ``max(tol, margin * floor)``; ``None`` (the
+        default, true float32) stops at ``tol``. `deq_jax.nn.DEQSpec` sets it from its
+        ``precision``, `deq_jax.fixed_point` from its ``precision`` argument.
     """
 
     tol: float = 1e-4
     max_iter: int = 50
     stop_mode: str = "rel"
     full_budget: bool = False
+    floor: Floor | None = None
 
     def __post_init__(self):
         if not self.tol > 0:
@@ -148,6 +162,8 @@ class Solver(abc.ABC):
             raise ValueError(
                 f"stop_mode must be one of {', '.join(STOP_MODES)}, got {self.stop_mode!r}."
             )
+        if self.floor is not None and not isinstance(self.floor, Floor):
+            raise TypeError(f"floor must be None or a Floor, got {self.floor!r}.")
 
     @property
     def name(self) -> str:

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from deq_jax.solvers.base import Phase, Solver, residuals
 
-_HYPER = ("tol", "max_iter", "stop_mode", "full_budget")
+_HYPER = ("tol", "max_iter", "stop_mode", "full_budget", "floor")
 
 
 def inherit_hyper(combinator: Solver, source: Solver) -> None:

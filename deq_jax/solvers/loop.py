@@ -17,21 +17,19 @@ A solver made of stretches (`deq_jax.solvers.Solver.phases`, e.g. `sequence`'s p
 runs one while (or Python) loop per stretch, so no step pays for choosing its branch;
 ``"scan"`` calls the solver's one ``propose``, which gives the same iterates.
 
-The loop and a solver talk through two more hooks, both no-ops for a plain solver: after
-each evaluation the loop hands the solver its residual (`Solver.book`), and after each
-proposal it puts its own lowest-residual iterate on the rows the solver marks
-(`Solver.rewind`). `fallback` and ``restart`` watch each sample's residual and restart
-it from its best iterate through them, without computing the residual again or keeping
-copies of iterates in their state.
+The loop and a solver talk through two more hooks, no-ops for a plain solver: after each
+evaluation the loop hands the solver its residual (`Solver.book`), and after each
+proposal it puts its own best iterate on the rows the solver marks (`Solver.rewind`);
+`fallback` and ``restart`` restart samples from their best iterates through them.
 
 A second, optional stop rule watches what the state means rather than how far it still
-moves: with ``readout`` (``[B, D] ->`` a pytree of arrays with the batch axis first,
-e.g. a model's decoded answer) and ``patience = p``, a sample also stops once its
-readout has been the same for ``p`` consecutive evaluations after the first one that
-gave it. The sample is then returned at the iterate it stopped on (its readout is the
-settled one), and counts as converged. For models whose output is discrete (pointers,
-masks, classes), the residual test keeps iterating long after the output is final;
-this rule stops when the answer does.
+moves: with ``readout`` (``[B, D] ->`` a pytree, batch axis first, e.g. a decoded answer)
+and ``patience = p``, a sample also stops once its readout has been the same for ``p``
+evaluations in a row; it is returned at that iterate and counts as converged.
+
+A solver with a ``floor`` (a reduced-precision ``fn``, `deq_jax.solvers.floor`) measures
+the residual floor at its first proposal, with one more evaluation, and stops each
+sample at ``max(tol, margin * floor)``.
 
 `iterate_unrolled(solver, fn, z0)` is the same loop as a `jax.lax.scan` that returns what
 an unrolled network computes instead of the best iterate: per sample ``fn`` at the
@@ -49,6 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from deq_jax.solvers.base import Phase, Solver, SolverStats, residuals
+from deq_jax.solvers.floor import moved_by_one_rounding, stopping_tolerance
 
 LOOPS = ("while", "scan", "python")
 
@@ -72,6 +71,7 @@ class LoopState(NamedTuple):
     path: Any  # a composed solver's (part [B], switched_at [B]) while active; () otherwise
     image: Any  # [B, D] fn at the last iterate with a finite image (unrolled); else ()
     squares: Any  # [B] sum of squared residuals while active (unrolled); else ()
+    floor: Any  # (floor [B], at_floor [B] bool) with solver.floor (0 until measured); else ()
 
 
 class Settle(NamedTuple):
@@ -101,7 +101,13 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
     s = s._replace(aux=solver.book(s.aux, res, s.k))
     finite = jnp.isfinite(abs_res) & jnp.isfinite(rel_res)
     improved = s.active & finite & (res < _best_res(solver, s))
-    converged_now = s.active & finite & (res <= solver.tol) & (not solver.full_budget)
+    floor = s.floor
+    if floor:  # a reduced-precision f stops at its residual floor (solvers/floor.py)
+        limit = stopping_tolerance(solver.tol, floor[0], solver.floor.margin)
+        converged_now = s.active & finite & (res <= limit) & (not solver.full_budget)
+        floor = (floor[0], floor[1] | (converged_now & (res > solver.tol)))
+    else:
+        converged_now = s.active & finite & (res <= solver.tol) & (not solver.full_budget)
     diverged_now = s.active & ~finite
     read, same, settled_now = s.read, s.same, jnp.zeros_like(s.active)
     if settle is not None:
@@ -138,6 +144,7 @@ def _observe(solver: Solver, s: LoopState, settle: Settle | None, first: bool = 
         path=path,
         image=image,
         squares=squares,
+        floor=floor,
     )
 
 
@@ -147,11 +154,14 @@ def _init(
     z0: jax.Array,
     settle: Settle | None,
     unrolled: bool = False,
+    floor: jax.Array | None = None,
 ) -> LoopState:
     batch = z0.shape[0]
     inf = jnp.full((batch,), jnp.inf, z0.dtype)
     aux = solver.init(z0)
     path = () if solver.path(aux, 1) is None else (jnp.zeros((batch,), jnp.int32),) * 2
+    if floor is None and _measures_floor(solver, unrolled):
+        floor = jnp.zeros_like(inf)  # measured by the first step
     s = LoopState(
         k=jnp.ones((), jnp.int32),
         z=z0,
@@ -169,8 +179,14 @@ def _init(
         path=path,
         image=z0 if unrolled else (),
         squares=jnp.zeros((batch,), z0.dtype) if unrolled else (),
+        floor=() if floor is None else (floor.astype(z0.dtype), jnp.zeros((batch,), bool)),
     )
     return _observe(solver, s, settle, first=True)
+
+
+def _measures_floor(solver: Solver, unrolled: bool = False) -> bool:
+    """Whether a solve by ``solver`` measures its residual floor (`iterate_unrolled` not)."""
+    return solver.floor is not None and solver.max_iter >= 2 and not unrolled
 
 
 def _step(
@@ -179,10 +195,26 @@ def _step(
     settle: Settle | None,
     s: LoopState,
     propose: Callable[..., tuple[jax.Array, Any]] | None = None,
+    measure: bool = False,
 ) -> LoopState:
+    """One proposal and its evaluation; with ``measure``, the residual floor is measured
+    at the proposal too (`deq_jax.solvers.floor`: one more evaluation)."""
     z, aux = (propose or solver.propose)(s.aux, s.z, s.fz, s.k)
     z = _rewound(solver, aux, s.k, z, s.best_z)
-    return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fn(z), aux=aux), settle)
+    fz = fn(z)
+    if measure:
+        abs_floor, rel_floor = residuals(fn(moved_by_one_rounding(z, solver.floor.unit)), fz)
+        floor = rel_floor if solver.stop_mode == "rel" else abs_floor
+        s = s._replace(floor=(jnp.where(jnp.isfinite(floor), floor, 0.0), s.floor[1]))
+    return _observe(solver, s._replace(k=s.k + 1, z=z, fz=fz, aux=aux), settle)
+
+
+def _first_step(solver, fn, settle, s, going, python, propose=None) -> LoopState:
+    """The step measuring the floor, taken if the solve goes on after ``z0``."""
+    step = lambda s: _step(solver, fn, settle, s, propose, measure=True)
+    if python:
+        return step(s) if bool(going(s)) else s
+    return jax.lax.cond(going(s), step, lambda s: s, s)
 
 
 def _rewound(solver: Solver, aux: Any, k: jax.Array, z: jax.Array, best_z: jax.Array) -> jax.Array:
@@ -201,12 +233,14 @@ def _run_phases(
     settle: Settle | None,
     s: LoopState,
     python: bool,
+    measure: bool,
 ) -> LoopState:
     """The steps of the solve as a `jax.lax.while_loop` (or a Python loop) per phase.
 
-    A solver without `Solver.phases` is one phase of ``propose`` steps.
+    A solver without `Solver.phases` is one phase of ``propose`` steps. With
+    ``measure`` the first step measures the residual floor.
     """
-    for phase in solver.phases() or (Phase(solver.propose),):
+    for i, phase in enumerate(solver.phases() or (Phase(solver.propose),)):
         if phase.enter is not None:
             s = s._replace(aux=phase.enter(s.aux, s.z, s.fz, s.k))
 
@@ -214,6 +248,8 @@ def _run_phases(
             keep = _keep_going(solver, s)
             return keep if stay is None else keep & stay(s.aux, s.k)
 
+        if i == 0 and measure:
+            s = _first_step(solver, fn, settle, s, going, python, phase.propose)
         step = lambda s, propose=phase.propose: _step(solver, fn, settle, s, propose)
         if python:
             while bool(going(s)):
@@ -223,15 +259,12 @@ def _run_phases(
     return s
 
 
-def _scan(solver: Solver, step: Callable[[LoopState], LoopState], s: LoopState) -> LoopState:
-    """``max_iter - 1`` steps as a `jax.lax.scan`, skipped once every sample stopped."""
-
-    def scan_body(s, _):
-        s = jax.lax.cond(_keep_going(solver, s), step, lambda s: s, s)
-        return s, None
-
-    s, _ = jax.lax.scan(scan_body, s, None, length=solver.max_iter - 1)
-    return s
+def _scan(
+    solver: Solver, step: Callable[[LoopState], LoopState], s: LoopState, length: int
+) -> LoopState:
+    """``length`` steps as a `jax.lax.scan`, skipped once every sample stopped."""
+    body = lambda s, _: (jax.lax.cond(_keep_going(solver, s), step, lambda s: s, s), None)
+    return jax.lax.scan(body, s, None, length=length)[0]
 
 
 def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
@@ -248,6 +281,8 @@ def _finish(solver: Solver, s: LoopState) -> tuple[jax.Array, SolverStats]:
         trace=jnp.where(taken, s.trace, best[:, None]),
         part=s.path[0] if s.path else None,
         switched_at=s.path[1] if s.path else None,
+        floor=s.floor[0] if s.floor else None,
+        at_floor=s.floor[1] & ~s.diverged if s.floor else None,
     )
     return s.best_z, stats
 
@@ -260,6 +295,7 @@ def iterate(
     *,
     readout: Callable[[jax.Array], Any] | None = None,
     patience: int = 2,
+    floor: jax.Array | None = None,
 ) -> tuple[jax.Array, SolverStats]:
     """Runs ``solver`` on ``fn`` from ``z0 [B, D]``; returns ``(z_best [B, D], stats)``.
 
@@ -274,6 +310,9 @@ def iterate(
         evaluations in a row (see the module docstring). Its ``converged`` is then
         true and its returned iterate is the one it stopped on.
       patience: evaluations with an unchanged readout that stop a sample (``>= 1``).
+      floor: for a solver with a ``floor``, the residual floor ``[B]`` (stop-mode units)
+        known already, e.g. the forward solve's for the IFT backward solve: used instead
+        of measured. Ignored by a solver without one.
 
     Raises:
       ValueError: for a ``z0`` that is not ``[B, D]``, an unknown loop or a
@@ -288,11 +327,16 @@ def iterate(
         settle = Settle(readout, patience)
     if loop not in LOOPS:
         raise ValueError(f"Unknown loop {loop!r}. Valid loops: {', '.join(LOOPS)}.")
-    s = _init(solver, fn, z0, settle)
+    known = floor is not None and solver.floor is not None
+    s = _init(solver, fn, z0, settle, floor=floor if known else None)
+    measure = _measures_floor(solver) and not known
     if loop == "scan":
-        s = _scan(solver, lambda s: _step(solver, fn, settle, s), s)
+        if measure:
+            s = _first_step(solver, fn, settle, s, lambda s: _keep_going(solver, s), False)
+        step = lambda s: _step(solver, fn, settle, s)
+        s = _scan(solver, step, s, solver.max_iter - 1 - measure)
     else:  # a composed solver runs its phases, each in a loop of its own
-        s = _run_phases(solver, fn, settle, s, python=loop == "python")
+        s = _run_phases(solver, fn, settle, s, loop == "python", measure)
     return _finish(solver, s)
 
 
@@ -301,10 +345,8 @@ def iterate_unrolled(
 ) -> tuple[jax.Array, SolverStats, jax.Array]:
     """Runs ``solver`` on ``fn`` from ``z0 [B, D]`` as an unrolled network would.
 
-    The loop, its per-sample stopping and its statistics are `iterate`'s with
-    ``loop="scan"`` (reverse-differentiable: gradients flow back through every step),
-    but what comes back is what the unrolled computation ends on rather than the best
-    iterate.
+    `iterate`'s loop with ``loop="scan"`` (reverse-differentiable), returning what the
+    unrolled computation ends on rather than the best iterate (no floor is measured).
 
     Returns:
       ``(image [B, D], stats, squares [B])``: per sample ``fn`` at the iterate it stopped
@@ -320,7 +362,7 @@ def iterate_unrolled(
     if z0.ndim != 2:
         raise ValueError(f"iterate_unrolled() expects a [B, D] array, got shape {z0.shape}.")
     s = _init(solver, fn, z0, None, unrolled=True)
-    s = _scan(solver, lambda s: _step(solver, fn, None, s), s)
+    s = _scan(solver, lambda s: _step(solver, fn, None, s), s, solver.max_iter - 1)
     _, stats = _finish(solver, s)
     return s.image, stats, s.squares
 
@@ -334,8 +376,7 @@ def iterate_observed(
 ) -> Any:
     """``observe(z, fn(z))`` of each of the first ``steps`` iterates of ``solver``'s solve.
 
-    The iterates are the loop's (its hooks included, `Solver.book` and `Solver.rewind`),
-    run for ``steps`` evaluations without stopping a sample (a `jax.lax.scan`).
+    The loop's iterates (its hooks included), ``steps`` evaluations of every sample.
 
     Returns:
       The observations stacked along a new axis 1: leaves ``[B, steps, ...]``; index
@@ -343,7 +384,7 @@ def iterate_observed(
     """
     if z0.ndim != 2:
         raise ValueError(f"iterate_observed() expects a [B, D] array, got shape {z0.shape}.")
-    solver = solver.replace(max_iter=steps, full_budget=True)
+    solver = solver.replace(max_iter=steps, full_budget=True, floor=None)
     s = _init(solver, fn, z0, None)
 
     def body(s, _):

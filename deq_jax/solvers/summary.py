@@ -74,6 +74,10 @@ def _values(stats: Any) -> str:
         parts.append(f"part {_counts(np.asarray(stats.part))}")
     if stats.switched_at is not None:
         parts.append(f"switched_at max {np.asarray(stats.switched_at).max()}")
+    if getattr(stats, "floor", None) is not None:
+        at_floor = int(np.sum(stats.at_floor))
+        parts.append(f"floor mean {_num(np.asarray(stats.floor).mean())}")
+        parts.append(f"at_floor {at_floor}/{nstep.size}")
     return f"{type(stats).__name__}({', '.join(parts)})"
 
 

@@ -46,7 +46,8 @@ DEQ_FIELDS = (
     "settle_patience",
     "settle_tol",
     "neural_solver",
-    "compute_dtype",
+    "precision",
+    "floor_margin",
 )
 
 
@@ -142,7 +143,7 @@ def build_backward(config: Any) -> Backward:
 def build_deq_spec(config: Any) -> DEQSpec:
     """The `DEQSpec` of ``config.deq``: its ``solver`` and ``backward`` sections, the
     initial state, the budgets (0: the solver's ``max_iter``) and the cell's
-    ``compute_dtype`` (``""``: the state's dtype).
+    ``precision`` (`deq_jax.precision`: ``default``, ``float32``, ``bfloat16``).
 
     Raises:
       ValueError: for an unknown field, solver, backward mode or keyword, listing the
@@ -159,7 +160,8 @@ def build_deq_spec(config: Any) -> DEQSpec:
         z_init=section.get("z_init", "zeros"),
         train_max_iter=section.get("train_max_iter") or None,
         eval_max_iter=section.get("eval_max_iter") or None,
-        compute_dtype=section.get("compute_dtype") or None,
+        precision=section.get("precision", "default"),
+        floor_margin=section.get("floor_margin", 1.0),
     )
 
 

@@ -60,10 +60,12 @@ def is_regression(task: Any) -> bool:
 
 
 def solver_metrics(stats: SolverStats, mask: jax.Array) -> dict[str, jax.Array]:
-    """Means (and the max of ``nstep``) of the solver statistics over real examples."""
+    """Means (and the max of ``nstep``) of the solver statistics over real examples;
+    with a measured residual floor, its mean (``floor``) and the share of samples that
+    stopped on it (``at_floor``)."""
     mean = lambda x: masked_mean(jnp.asarray(x, jnp.float32), mask)
     finite = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
-    return {
+    metrics = {
         "nstep_mean": mean(stats.nstep),
         "nstep_max": jnp.max(jnp.where(mask, stats.nstep, 0)),
         "abs_residual": mean(finite(stats.abs_residual)),
@@ -71,6 +73,10 @@ def solver_metrics(stats: SolverStats, mask: jax.Array) -> dict[str, jax.Array]:
         "converged": mean(stats.converged),
         "diverged": mean(stats.diverged),
     }
+    if stats.floor is not None:  # a reduced-precision cell's residual floor
+        metrics["floor"] = mean(finite(stats.floor))
+        metrics["at_floor"] = mean(stats.at_floor)
+    return metrics
 
 
 def sown(intermediates: Mapping[str, Any], name: str, required: bool = True) -> jax.Array | None:
