@@ -5,8 +5,8 @@ Input ``x`` is a random bit string of length ``L``; the target at position ``i``
 ones (16 to 512 bits), where extrapolation needs more test-time iterations.
 
 The data are generated deterministically from `PrefixSumConfig` (numpy only), in
-memory and once per process (about 0.5 s for the default ten thousand strings per
-split, all nine splits); nothing is written to disk. Splits are ``"train"``, the
+memory and once per process (0.5 s for the nine splits of the default config on a
+2-core CPU); nothing is written to disk. Splits are ``"train"``, the
 validation split ``"valid"`` (``val_size`` strings of the training length, for model
 selection; none with ``val_size=0``) and ``"test_{L}"`` for each test length.
 
