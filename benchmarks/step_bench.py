@@ -8,11 +8,15 @@ with seed 1 before any timing:
 
 * a language model: uniform tokens ``[B, L+1]`` over ``vocab`` ids, a new segment each
   step (the memory carried from step to step by the timing loop, as in training, and
-  from one evaluation batch to the next, as the stream evaluator does);
-* every other task: ``N(0, 1)`` inputs of ``input_shape`` (default: the task's) and
-  uniform labels (standard-normal targets for a regression), shaped as the model's
-  outputs; a task whose batches carry more than inputs and targets (a graph's
-  adjacency, CLRS's features) uses its own generated batches, under the workdir.
+  from one evaluation batch to the next, as the stream evaluator does); no text task is
+  built, so no corpus is needed;
+* every other task: ``N(0, 1)`` inputs of ``input_shape`` (default: the task's, when it
+  can tell without its files: an image task reads its shape from them, so without them
+  ``input_shape`` must be given) and uniform labels (standard-normal targets for a
+  regression), shaped as the model's outputs; the task object is built (for its
+  metrics and classes) but its data are never read. A task whose batches carry more
+  than inputs and targets (a graph's adjacency, CLRS's features) uses its own generated
+  batches, under the workdir.
 
 The DEQ's cell, fixed point and arguments at an evaluation batch come from
 `deq_jax.nn.deq_call` (its `deq_jax.nn.EquilibriumProblem`), in eval mode.
@@ -29,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deq_jax.nn import deq_call
+from deq_jax.tasks import DataError
 from deq_jax.training import build, sharding
 from deq_jax.training.evaluate import device_batch
 from deq_jax.training.interventions import PathIndependence
@@ -82,7 +87,8 @@ class Bench(NamedTuple):
     """A built run and its data, ready to time.
 
     Attributes:
-      run: the `deq_jax.training.setup.Run` (synthetic: no checkpointer, no data read).
+      run: the `deq_jax.training.setup.Run` (synthetic: no checkpointer, no data read;
+        no task for a language model).
       step: the training loop's `deq_jax.training.family.Step` of the main phase.
       train_batches: host batches, ``warmup + steps`` of them.
       eval_batches: host batches, ``1 + eval_steps`` of them (the first compiles).
@@ -145,8 +151,8 @@ def cell_problem(model: Any, variables: Any, inputs: Any, **kwargs: Any):
     return seen["f"], z_star, args
 
 
-def _lm_bench(config: Any, options: Options, workdir: str) -> Bench:
-    """The `Bench` of a language model on uniform synthetic tokens."""
+def _lm_bench(config: Any, options: Options) -> Bench:
+    """The `Bench` of a language model on uniform synthetic tokens (no corpus read)."""
     tc, b = config.train, config.train.batch_size
     vocab = options.vocab or config.model.get("vocab_size", 0)
     if not vocab:
@@ -157,8 +163,8 @@ def _lm_bench(config: Any, options: Options, workdir: str) -> Bench:
     tx, schedule = make_optimizer(tc)
     state = sharding.replicate(init_state(model, tx, tc.seq_len, tc.seed), mesh)
     template = jax.tree_util.tree_map(np.asarray, model.init_mems(b))
-    task = build.build_task(config.task, workdir)  # its data are never read
-    run = Run(mesh, task, model, schedule, state, 0, None, place_memory(template, mesh, b))
+    # No task: the tokens are synthetic, and a text task would need its corpus.
+    run = Run(mesh, None, model, schedule, state, 0, None, place_memory(template, mesh, b))
     step = configured_family(config).phase(config, run, model, warmup=False).step
     rng = np.random.default_rng(DATA_SEED)
     segments = lambda n: [_lm_segment(rng, b, tc.seq_len, vocab, i == 0) for i in range(n)]
@@ -260,10 +266,27 @@ def _task_batches(run: Run, n_train: int, n_eval: int, b: int) -> tuple[list, li
     return train_batches, [split[i % len(split)] for i in range(n_eval)]
 
 
+def _task_input_shape(task: Any) -> tuple[int, ...]:
+    """``task.input_shape``, when the task can tell it without its data files.
+
+    Raises:
+      ValueError: for a task that reads its shape from files it cannot find (an image
+        task without its data), naming ``--input_shape``.
+    """
+    try:
+        return tuple(task.input_shape)
+    except DataError as e:
+        raise ValueError(
+            f"The {task.name} task reads its input shape from its data files, which are "
+            "missing; synthetic data need none: pass --input_shape (e.g. 28,28,1 for "
+            "Fashion-MNIST, 32,32,3 for CIFAR-10)."
+        ) from e
+
+
 def _task_bench(config: Any, options: Options, workdir: str) -> Bench:
     """The `Bench` of a task model (every family but the language model's)."""
     task = build.build_task(config.task, workdir)
-    shape = tuple(options.input_shape) or tuple(task.input_shape)
+    shape = tuple(options.input_shape) or _task_input_shape(task)
     run = _task_run(config, task, shape)
     b, extras = config.train.batch_size, tuple(run.task.batch_extras)
     n_train, n_eval = options.warmup + options.steps, 1 + options.eval_steps
@@ -306,5 +329,5 @@ def build_bench(config: Any, options: Options, workdir: str) -> Bench:
     if options.warmup < 1 or min(options.steps, options.eval_steps, options.f_evals) < 1:
         raise ValueError("--warmup, --steps, --eval_steps and --f_evals must be at least 1.")
     if config.model.get("name") in LANGUAGE_MODELS:
-        return _lm_bench(config, options, workdir)
+        return _lm_bench(config, options)
     return _task_bench(config, options, workdir)

@@ -20,13 +20,22 @@ evaluation batch, in eval mode (`deq_jax.nn.deq_call`, which exposes the DEQ's
 ``f`` w.r.t. ``z`` (the linearisation made once, as the implicit backward solve applies
 it), each the median of ``--f_evals`` calls after two warm-up calls. Per step it reports
 the train milliseconds per forward cell evaluation (over ``nstep_max``, the
-evaluations the batched solve ran) and the solver statistics of both solves::
+evaluations the batched solve ran) and the solver statistics of both solves. For the
+cell it reports XLA's count of the floating-point operations of one ``f(z*)``
+(`benchmarks.throughput`), the TFLOP/s that count achieves in the median ``f(z*)``
+time, and the fraction of the chip's dense peak for the run's arithmetic
+(``config.deq.precision``: ``"default"`` is TF32 on an NVIDIA GPU, bfloat16 on a TPU),
+omitted for a chip without a known peak (the CPU).
+
+No data file is read: a language model's vocabulary size comes from ``--vocab`` (no
+corpus needed), an image model's input shape from ``--input_shape`` when its data files
+are absent (the task reads its shape from them)::
 
     python -m benchmarks.step_time --config configs/lm_shakespeare.py --vocab 96 \\
         --steps 3 --eval_steps 3 --f_evals 5
     python -m benchmarks.step_time --config configs/mdeq_fashion_mnist.py \\
-        --config.model.head_channels='(1,1)' --config.model.final_channels=4 --batch 64 \\
-        --out /tmp/jax.jsonl --tag a
+        --input_shape 28,28,1 --config.model.head_channels='(1,1)' \\
+        --config.model.final_channels=4 --batch 64 --out /tmp/jax.jsonl --tag a
 
 Budgets and sizes are the config's (``--config.deq.train_max_iter=``,
 ``--config.deq.backward.ift.max_iter=``, ``--config.model.d_model=``, ...);
@@ -34,8 +43,12 @@ Budgets and sizes are the config's (``--config.deq.train_max_iter=``,
 record (appended to ``--out``), with the keys of the twins' records: ``model``,
 ``side``, ``tag``, ``params``, ``train_ms`` / ``eval_ms`` / ``f_eval_ms`` / ``vjp_ms``
 (``median``, ``min``, ``max``, ``mean``, ``all``), ``train_ms_per_fwd_f_eval``, the
-solver statistics, ``env`` and ``command``. `benchmarks.twin_ratios` pairs such
-records with the twins'; ``benchmarks/twins.sh`` runs both sides interleaved.
+solver statistics, ``env`` (with the ``device_kind``) and ``command``; and
+``f_eval_flops``, ``f_eval_tflops_per_s``, ``precision``, ``arithmetic``
+(``"tf32"``, ``"fp32"``, ``"bf16"`` or ``None``), ``peak_tflops`` and
+``f_eval_fraction_of_peak`` (``None`` without a known peak or count).
+`benchmarks.twin_ratios` pairs such records with the twins'; ``benchmarks/twins.sh``
+runs both sides interleaved.
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -61,6 +74,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from benchmarks import throughput
 from benchmarks.step_bench import Bench, Options, build_bench, configured
 from launch import flags as launch_flags
 
@@ -140,6 +154,7 @@ def env_record() -> dict[str, Any]:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [f"{d.platform}:{d.id}" for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
         "python": platform.python_version(),
         "n_cpu_visible": os.cpu_count(),
         "loadavg_at_start": list(os.getloadavg()),
@@ -190,7 +205,13 @@ def measure(config: Any, options: Options, command: str = "") -> dict[str, Any]:
         timed = [bench.evaluate(state, batch) for batch in bench.eval_batches[1:]]
         f, z_star, args = bench.problem(state, bench.eval_batches[-1])
         f_s, vjp_s = time_cell(f, z_star, args, options.f_evals)
+        flops = throughput.compiled_flops(f, z_star, args)
     env["loadavg_at_end"] = list(os.getloadavg())
+    device = jax.devices()[0]
+    precision = config.deq.get("precision", "default")
+    cell = throughput.achieved(
+        flops, statistics.median(f_s), device.device_kind, device.platform, precision
+    )
     eval_s, evals = [s for s, _ in timed], [e for _, e in timed]
     unit, count = bench.unit, bench.per_batch
     record = {
@@ -216,6 +237,12 @@ def measure(config: Any, options: Options, command: str = "") -> dict[str, Any]:
         "eval_rel_residual_mean": stat_summary([e["rel_residual"] for e in evals]),
         "f_eval_ms": summarize_ms(f_s),
         "vjp_ms": summarize_ms(vjp_s),
+        "f_eval_flops": cell["flops"],
+        "f_eval_tflops_per_s": cell["tflops_per_s"],
+        "precision": cell["precision"],
+        "arithmetic": cell["arithmetic"],
+        "peak_tflops": cell["peak_tflops"],
+        "f_eval_fraction_of_peak": cell["fraction_of_peak"],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "env": env,
         "command": command,
@@ -254,7 +281,28 @@ def format_table(record: dict[str, Any]) -> str:
         f"{'rel residual train/eval':28s} {record['train_fwd_rel_residual_mean']['mean']:10.2e} "
         f"{record['eval_rel_residual_mean']['mean']:10.2e}"
     )
-    return "\n".join(lines)
+    return "\n".join(lines + _throughput_lines(record))
+
+
+def _throughput_lines(record: dict[str, Any]) -> list[str]:
+    """The table's lines on ``f(z*)``'s FLOPs, TFLOP/s and fraction of the chip's peak."""
+    flops, rate = record["f_eval_flops"], record["f_eval_tflops_per_s"]
+    if flops is None:
+        return [f"{'f(z*) FLOPs (XLA count)':28s} {'-':>10s} (the backend counts none)"]
+    lines = [
+        f"{'f(z*) FLOPs (XLA count)':28s} {flops:10.3e}",
+        f"{'f(z*) TFLOP/s at median':28s} {rate:10.4g}",
+    ]
+    fraction, precision = record["f_eval_fraction_of_peak"], record["precision"]
+    kind = record["env"]["device_kind"]
+    if fraction is None:
+        lines.append(f"{'f(z*) fraction of peak':28s} {'-':>10s} (no peak known: {kind})")
+    else:
+        lines.append(
+            f"{'f(z*) fraction of peak':28s} {fraction:10.2%} of {record['peak_tflops']:g} "
+            f"TFLOP/s ({kind}, {record['arithmetic']}, precision {precision})"
+        )
+    return lines
 
 
 def write_record(record: dict[str, Any], out: str) -> None:

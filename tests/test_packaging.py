@@ -4,8 +4,9 @@
   plotting package: none that ``import jax, flax.linen, optax, numpy`` does not import
   itself (absl comes with optax and flax), and never tfds, orbax, matplotlib, ...;
 * `deq_jax.training` is imported on first use, as ``dj.training``, and the tasks
-  stored through tfds on their first `deq_jax.tasks.get`; without the ``[train]``
-  extra both say which extra to install, while the generated tasks still work;
+  stored through tfds (the image tasks) on their first `deq_jax.tasks.get`; without
+  the ``[train]`` extra both say which extra to install, while the generated tasks
+  (prefix sums, mazes, ...) and the text tasks still work;
 * ``setup.cfg`` selects the ``deq_jax`` packages only and asks for jax, flax, optax and
   numpy, the training, data and plotting packages coming with the ``[train]`` extra;
 * a wheel built from the repository holds ``deq_jax`` as its only top-level package;
@@ -104,10 +105,11 @@ def test_a_missing_train_package_names_the_extra():
     # ``None`` in ``sys.modules`` makes importing that package fail as if not installed.
     code = (
         "import sys\n"
-        "sys.modules['tensorboardX'] = sys.modules['tensorflow_datasets'] = None\n"
+        "sys.modules['orbax'] = sys.modules['tensorflow_datasets'] = None\n"
         "import deq_jax as dj\n"
         "assert dj.tasks.get('mazes', train_size=8).name == 'mazes'\n"
-        "for use in (lambda: dj.training, lambda: dj.tasks.get('prefix_sum')):\n"
+        "assert dj.tasks.get('prefix_sum', train_size=8).name == 'prefix_sum'\n"
+        "for use in (lambda: dj.training, lambda: dj.tasks.get('cifar10')):\n"
         "    try:\n"
         "        use()\n"
         "    except ModuleNotFoundError as error:\n"

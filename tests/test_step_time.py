@@ -1,5 +1,6 @@
-"""`benchmarks.step_time` on a tiny language model and a tiny MDEQ, and the pairing of
-`benchmarks.twin_ratios`.
+"""`benchmarks.step_time` on a tiny language model and a tiny MDEQ, their data
+directories empty (synthetic data need no corpus and no image files), and the pairing
+of `benchmarks.twin_ratios`.
 
 `benchmarks.step_time` defines its flags only when it runs as the command (others of the
 suite define ``--out``, ``--steps``, ``--batch`` and ``--input_shape``), so the tests call
@@ -30,30 +31,77 @@ def _check_record(record, model):
     numbers += [record["train_bwd_nstep_max"]["mean"]]
     assert all(math.isfinite(x) and x > 0 for x in numbers), numbers
     assert record["env"]["jax"] and record["env"]["n_cpu_visible"] >= 1
+    # XLA's count of one f(z*) and its rate; on the CPU no peak, so no fraction.
+    assert record["f_eval_flops"] > 0 and record["precision"] == "default"
+    rate = record["f_eval_flops"] / (record["f_eval_ms"]["median"] / 1e3) / 1e12
+    assert record["f_eval_tflops_per_s"] == pytest.approx(rate)
+    assert record["env"]["device_kind"] == "cpu" and record["arithmetic"] is None
+    assert record["peak_tflops"] is record["f_eval_fraction_of_peak"] is None
     table = step_time.format_table(record)
     assert "train step ms" in table and "VJP of f alone ms" in table
+    assert "f(z*) FLOPs (XLA count)" in table and "f(z*) TFLOP/s at median" in table
+    assert "no peak known: cpu" in table
+
+
+def test_the_table_gives_the_fraction_of_a_known_peak():
+    ms = {"median": 2.0, "min": 1.0, "max": 3.0, "mean": 2.0, "all": [2.0]}
+    stat = {"mean": 0.1, "min": 0.1, "max": 0.1, "per_step": [0.1]}
+    record = {
+        "model": "m",
+        "variant": "v",
+        "tag": "",
+        "params": 1,
+        "batch": 1,
+        "data": "synthetic",
+        "first_step_incl_compile_s": 1.0,
+        **dict.fromkeys(("train_ms", "eval_ms", "train_ms_per_fwd_f_eval"), ms),
+        **dict.fromkeys(("f_eval_ms", "vjp_ms"), ms),
+        **dict.fromkeys(("train_fwd_rel_residual_mean", "eval_rel_residual_mean"), stat),
+        "env": {"device_kind": "NVIDIA H200"},
+        "f_eval_flops": 9.9e10,
+        "f_eval_tflops_per_s": 49.5,
+        "precision": "default",
+        "arithmetic": "tf32",
+        "peak_tflops": 495.0,
+        "f_eval_fraction_of_peak": 0.1,
+    }
+    table = step_time.format_table(record)
+    assert "10.00% of 495 TFLOP/s (NVIDIA H200, tf32, precision default)" in table
+    assert "9.900e+10" in table
+    record.update(f_eval_flops=None, f_eval_tflops_per_s=None, f_eval_fraction_of_peak=None)
+    assert "(the backend counts none)" in step_time.format_table(record)
 
 
 def test_step_time_times_a_language_model(tmp_path, capsys):
     config = lm_shakespeare.get_config("smoke")
+    (tmp_path / "corpus").mkdir()
+    config.task.path = str(tmp_path / "corpus")  # empty: no corpus is read
     with pytest.raises(ValueError, match="--vocab"):
         step_time.measure(config, TINY)
     record = step_time.measure(config, TINY._replace(vocab=12, batch=2), command="cmd")
     _check_record(record, "deq_transformer_lm")
     assert record["batch"] == 2 and record["command"] == "cmd"
     assert record["train_tokens_per_s"] > 0 and record["vocab"] == 12
+    assert not any((tmp_path / "corpus").iterdir())
     out = tmp_path / "r.jsonl"
     step_time.write_record(record, str(out))
     assert json.loads(out.read_text()) == json.loads(capsys.readouterr().out)
 
 
-def test_step_time_times_an_image_model():
-    # One resolution of the MDEQ smoke model on 8x8 images (synthetic: no data read).
+def test_step_time_times_an_image_model(tmp_path):
+    # One resolution of the MDEQ smoke model on 8x8 images, its data directories empty.
     config = mdeq_fashion_mnist.get_config("smoke")
+    empty = [tmp_path / "idx", tmp_path / "data"]
+    for folder in empty:
+        folder.mkdir()
+    config.task.dir, config.task.data_dir = map(str, empty)
     config.model.channels = config.model.channels[:1]
     config.model.head_channels = config.model.head_channels[:1]
-    options = TINY._replace(input_shape=(8, 8, 1), batch=4, full_budget=True, model_name="m")
-    record = step_time.measure(config, options)
+    options = TINY._replace(batch=4, full_budget=True, model_name="m")
+    with pytest.raises(ValueError, match="pass --input_shape .e.g. 28,28,1"):
+        step_time.measure(config, options)  # the task would read its shape from the files
+    record = step_time.measure(config, options._replace(input_shape=(8, 8, 1)))
+    assert not [path for folder in empty for path in folder.iterdir()]  # nothing written
     _check_record(record, "m")
     assert record["train_images_per_s"] > 0 and record["input_shape"] == [8, 8, 1]
     budget = config.deq.train_max_iter

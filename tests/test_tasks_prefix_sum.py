@@ -1,6 +1,5 @@
-"""Tests for the prefix-sum task: generation, the tfds builder and the task interface."""
+"""Tests for the prefix-sum task: generation in memory and the task interface."""
 
-import pathlib
 import sys
 
 import numpy as np
@@ -9,9 +8,7 @@ import pytest
 import deq_jax.tasks as tasks
 from deq_jax.tasks.prefix_sum import (
     PrefixSumConfig,
-    builder,
     cumulative_parity,
-    data_source,
     generate_split,
     load,
     random_strings,
@@ -131,7 +128,7 @@ def test_validation_split_is_new_strings_of_the_training_length():
         assert not _rows(valid["inputs"]) & _rows(generate_split(config, other)["inputs"])
     # Its own stream: with or without it, every other split draws the same strings.
     without = PrefixSumConfig(**SMALL, val_size=0)
-    assert "valid" not in without.splits and without.name != config.name
+    assert "valid" not in without.splits
     for split in without.splits:
         np.testing.assert_array_equal(
             generate_split(without, split)["inputs"], generate_split(config, split)["inputs"]
@@ -155,50 +152,25 @@ def test_unknown_split_lists_valid_splits():
     with pytest.raises(ValueError, match="Valid splits: train, valid, test_8, test_12, test_40"):
         generate_split(config, "test_16")
     with pytest.raises(ValueError, match="Valid splits"):
-        data_source("validation", config=config, data_dir="/nonexistent")
+        load("validation", config=config)
 
 
-def test_config_name_encodes_every_knob():
-    names = {
-        PrefixSumConfig(**SMALL).name,
-        PrefixSumConfig(seed=1, **SMALL).name,
-        PrefixSumConfig(**{**SMALL, "test_size": 51}).name,
-        PrefixSumConfig(**{**SMALL, "test_lengths": (8, 12)}).name,
-        PrefixSumConfig().name,
-    }
-    assert len(names) == 5
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tfds")
-    builder(PrefixSumConfig(**SMALL), data_dir=str(path)).download_and_prepare()
-    return str(path)
-
-
-def test_tfds_round_trip_through_array_record_without_tensorflow(data_dir):
+def test_load_gives_model_ready_arrays_of_the_cached_read_only_strings():
     config = PrefixSumConfig(**SMALL)
-    files = list(pathlib.Path(data_dir).rglob("*.array_record*"))
-    assert len(files) == len(config.splits)
     for split in config.splits:
-        source = data_source(split, config=config, data_dir=data_dir)
         expected = generate_split(config, split)
-        assert len(source) == config.size(split)
-        for i in (0, 17, config.size(split) - 1):
-            np.testing.assert_array_equal(source[i]["inputs"], expected["inputs"][i])
-            np.testing.assert_array_equal(source[i]["targets"], expected["targets"][i])
-        arrays = load(split, config=config, data_dir=data_dir)
-        length = config.length(split)
-        assert arrays["inputs"].shape == (config.size(split), length, 1)
+        assert generate_split(config, split) is expected  # cached
+        assert not expected["inputs"].flags.writeable
+        arrays = load(split, config=config)
+        assert arrays["inputs"].shape == (config.size(split), config.length(split), 1)
         assert arrays["inputs"].dtype == np.float32 and arrays["targets"].dtype == np.int32
         np.testing.assert_array_equal(arrays["inputs"][..., 0], expected["inputs"])
         np.testing.assert_array_equal(arrays["targets"], expected["targets"])
-    assert "tensorflow" not in sys.modules
 
 
-def test_registry_builds_task_and_rejects_unknowns(data_dir):
+def test_registry_builds_task_and_rejects_unknowns():
     assert "prefix_sum" in tasks.names()
-    task = tasks.get("prefix_sum", data_dir=data_dir, **SMALL)
+    task = tasks.get("prefix_sum", **SMALL)
     assert task.name == "prefix_sum" and task.num_classes == 2
     assert task.input_shape == (12, 1)
     assert task.train_split == "train"
@@ -211,8 +183,8 @@ def test_registry_builds_task_and_rejects_unknowns(data_dir):
         tasks.get("prefix_sum", train_len=32)
 
 
-def test_task_iterators_and_metrics(data_dir):
-    task = tasks.get("prefix_sum", data_dir=data_dir, **SMALL)
+def test_task_iterators_and_metrics():
+    task = tasks.get("prefix_sum", **SMALL)
     it = task.train_iterator(64, seed=5, start_step=4)
     batch = next(it)
     assert batch["inputs"].shape == (64, 12, 1) and batch["targets"].shape == (64, 12)
@@ -233,15 +205,10 @@ def test_task_iterators_and_metrics(data_dir):
         task.eval_iterator("test_16", 16)
 
 
-def test_prepare_says_it_generates_once_and_never_downloading(tmp_path, capfd):
+def test_prepare_generates_in_memory_writing_and_printing_nothing(tmp_path, capfd):
     task = tasks.get("prefix_sum", data_dir=str(tmp_path), **SMALL)
     task.prepare()
-    out = capfd.readouterr().out
-    assert "Downloading" not in out and "downloaded" not in out
-    lines = out.splitlines()
-    assert len(lines) == 2, out
-    assert lines[0].startswith(f"Generating the prefix_sum data in {tmp_path}/prefix_sum/")
-    assert lines[0].endswith("(once: later runs reuse it)...")
-    assert lines[1].startswith("Generated the prefix_sum data in ") and lines[1].endswith(" s.")
-    task.prepare()
-    assert capfd.readouterr().out == ""
+    assert capfd.readouterr().out == "" and not list(tmp_path.iterdir())
+    np.testing.assert_array_equal(
+        task.source("train")["targets"], generate_split(task.config, "train")["targets"]
+    )

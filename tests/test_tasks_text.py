@@ -9,6 +9,7 @@ import pytest
 
 import deq_jax.tasks as tasks
 from deq_jax.tasks import text_batches, text_corpus
+from deq_jax.tasks.text import write_cache
 from deq_jax.tasks.text_vocab import (
     EOS,
     UNK,
@@ -226,7 +227,7 @@ def test_batching_bad_arguments_say_what_to_change():
         text_batches.train_batches(tokens, 2, 4, start_step=-1)
 
 
-# The tasks, end to end through tfds.
+# The tasks, end to end through their cache of token ids.
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +283,20 @@ def test_char_task_second_prepare_only_hashes_and_a_new_corpus_builds_anew(
     new = "Z!\n" + CORPUS
     changed = tasks.get("char_text", path=_write(tmp_path / "plays.txt", new), data_dir=data_dir)
     assert "".join(changed.vocab.decode(changed.tokens(s)) for s in changed.splits) == new
-    assert len(os.listdir(os.path.join(data_dir, "text_corpus"))) == 2
+    assert len(os.listdir(os.path.join(data_dir, "text_ids"))) == 2
+
+
+def test_the_cache_appears_whole_and_the_first_writer_wins(char_task, tmp_path):
+    vocab, streams = char_task.vocab, {s: char_task.tokens(s) for s in char_task.splits}
+    cache = tmp_path / "text_ids" / "char-plays-0"
+    (tmp_path / "text_ids" / "char-plays-0.123.tmp").mkdir(parents=True)  # a killed writer's
+    write_cache(str(cache), (vocab, streams))
+    assert sorted(os.listdir(cache)) == ["test.npy", "train.npy", "valid.npy", "vocabulary.json"]
+    np.testing.assert_array_equal(np.load(cache / "valid.npy"), streams["valid"])
+    other = {s: np.zeros(3, np.int32) for s in streams}
+    write_cache(str(cache), (vocab, other))  # another process was first: it stays
+    np.testing.assert_array_equal(np.load(cache / "valid.npy"), streams["valid"])
+    assert sorted(os.listdir(tmp_path / "text_ids")) == ["char-plays-0", "char-plays-0.123.tmp"]
 
 
 def test_summarize():

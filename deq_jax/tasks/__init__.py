@@ -51,12 +51,13 @@ corpus, easy-to-hard-data's files) that is missing or malformed raises a `DataEr
 path, what is wrong and how to get the data (`deq_jax.tasks.errors`).
 
 Importing this package is light (numpy and jax): the tasks generated in memory
-(``"synthetic_1d"``, ``"mazes"``, ``"edge_copy"``, ``"matrix_inversion"`` and CLRS's
-``"clrs"``) are imported with it, while those stored or read through
-tensorflow-datasets (prefix sums, the image and text tasks: the ``[train]`` extra's
-dependencies) import their module, and tfds, on the first `get` of one of them. Their
-classes live in their modules (`deq_jax.tasks.prefix_sum.PrefixSumConfig`,
-`deq_jax.tasks.text.TextTask`, ...).
+(``"prefix_sum"``, ``"synthetic_1d"``, ``"mazes"``, ``"edge_copy"``,
+``"matrix_inversion"`` and CLRS's ``"clrs"``) are imported with it, and so are the text
+tasks (``"char_text"``, ``"wikitext"``: a corpus file, its token ids cached as numpy
+files), while the image tasks, stored or read through tensorflow-datasets (the
+``[train]`` extra's dependency), import their module, and tfds, on the first `get` of
+one of them. Their classes live in their modules
+(`deq_jax.tasks.prefix_sum.PrefixSumConfig`, `deq_jax.tasks.text.TextTask`, ...).
 
 References:
   Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
@@ -73,7 +74,9 @@ from deq_jax.tasks.edge_copy import edge_copy
 from deq_jax.tasks.errors import DataError, DataFormatError, DataNotFoundError
 from deq_jax.tasks.matrix_inversion import matrix_inversion
 from deq_jax.tasks.mazes import mazes
+from deq_jax.tasks.prefix_sum import prefix_sum
 from deq_jax.tasks.synthetic_1d import synthetic_1d
+from deq_jax.tasks.text import char_text, wikitext
 from deq_jax.tasks.text_vocab import Vocabulary
 
 _REGISTRY = Registry("task")
@@ -82,19 +85,19 @@ register(synthetic_1d.__name__, synthetic_1d)
 register(mazes.__name__, mazes)
 register(edge_copy.__name__, edge_copy)
 register(matrix_inversion.__name__, matrix_inversion)
+register(prefix_sum.__name__, prefix_sum)
+register(char_text.__name__, char_text)
+register(wikitext.__name__, wikitext)
 
 # The tasks read through tensorflow-datasets, each named with the module that defines
 # it: that module (and tfds) is imported by the first `get` of the task, so importing
 # this package, and the models that use its base class, needs no data-pipeline package.
 _TFDS_TASKS = {
-    "prefix_sum": "prefix_sum",
     "digits": "images",
     "cifar10": "image_files",
     "fashion_mnist": "image_files",
     "mnist": "image_files",
     "blurry_digits": "blurry_digits",
-    "char_text": "text",
-    "wikitext": "text",
 }
 
 

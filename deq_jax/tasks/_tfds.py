@@ -1,4 +1,4 @@
-"""Keeps tfds quiet when it builds or opens the project's generated data sets."""
+"""Keeps tfds quiet when it builds or opens the records the image tasks convert."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import tensorflow_datasets as tfds
 def quiet():
     """Silences tfds' progress bars and its per-call "custom data configuration" warning.
 
-    Generated data sets (prefix sums, mazes, ...) are built in seconds, and every split
-    opened with a non-default builder config would otherwise log the same warning.
+    The image tasks convert their files once into records, and every split opened with a
+    non-default builder config would otherwise log the same warning.
     """
     logger = logging.getLogger("absl")
     level = logger.level
@@ -32,7 +32,7 @@ def prepare(builder: Any) -> None:
     """Builds ``builder``'s data unless it is already there, saying so in two lines.
 
     tfds prints "Downloading and preparing dataset Unknown size ..." to stdout for any
-    build; nothing is downloaded here (the project generates or converts its data), so
+    build; nothing is downloaded here (the project converts files it was given), so
     that line and tfds' "downloaded and prepared" line are dropped and replaced by
     ours, which name the directory and the time the build took.
     """

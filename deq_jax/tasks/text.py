@@ -10,7 +10,7 @@ The interface the DEQ-Transformer language model and its training loop use::
     task.name, task.level, task.headline   # "char_text", "char", "bpc" / "wikitext", "word", "ppl"
     task.vocab, task.vocab_size            # a `Vocabulary` built from the train split
     task.train_split, task.eval_splits     # "train", ("valid", "test")
-    task.prepare()                         # build the tfds data under data_dir if missing
+    task.prepare()                         # cache the token ids under data_dir if missing
     task.tokens(split)                     # int32 [N]: the split as one token stream
     task.num_tokens(split), task.steps_per_epoch(batch_size, seq_len)
 
@@ -28,13 +28,14 @@ writes to `DEFAULT_SHAKESPEARE_DIR`. WikiText comes as its three files. Batching
 `deq_jax.tasks.text_batches`, reading and validating the raw text in
 `deq_jax.tasks.text_corpus`, the vocabulary in `deq_jax.tasks.text_vocab`.
 
-Storage: a tfds ``GeneratorBasedBuilder`` (``text_corpus``) in ``array_record`` files,
-read with ``as_data_source()`` (no TensorFlow). Its config name is the level, the
-corpus name and a fingerprint of the source files' bytes, so a changed corpus builds a
-new version; each split is a sequence of records ``{"ids": int32 [4096], "length":
-int32}`` (the last chunk zero-padded) and the vocabulary JSON is in the dataset's
-metadata. A second `TextTask.prepare` only hashes the raw files. The raw text is
-validated before anything is written: bad input raises and leaves ``data_dir`` alone.
+Storage: the encoded corpus is cached as numpy files in one directory,
+``{data_dir}/text_ids/{level}-{corpus}-{fingerprint}/``: ``{split}.npy`` (``int32
+[N]``, the split's token ids) and ``vocabulary.json``. The fingerprint is of the source
+files' bytes, so a changed corpus is cached anew. A second `TextTask.prepare` only
+hashes the raw files. The raw text is validated before anything is written, and the
+directory appears whole or not at all (written beside it, then renamed): bad input
+raises and leaves ``data_dir`` alone, and a run killed while caching leaves nothing a
+later run would read.
 
 A text task is not a `deq_jax.tasks.base.Task`: its batches are segments of a stream
 (``train_iterator(batch_size, seq_len)``), not shuffled examples.
@@ -48,85 +49,47 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
+import shutil
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
-import tensorflow_datasets as tfds
 
-from deq_jax.tasks import _tfds, text_batches, text_corpus
+from deq_jax.tasks import text_batches, text_corpus
 from deq_jax.tasks.text_vocab import CHAR, WORD, Vocabulary
 
 DEFAULT_SHAKESPEARE_DIR = os.path.expanduser("~/.cache/deq_jax/shakespeare")
-CHUNK = 4096  # token ids per stored record
+DEFAULT_DATA_DIR = os.path.expanduser("~/.cache/deq_jax/data")
+CACHE_FOLDER = "text_ids"  # under data_dir: one directory per corpus version
+VOCAB_FILE = "vocabulary.json"
 TRAIN, VALID, TEST = text_corpus.TRAIN, text_corpus.VALID, text_corpus.TEST
-_VOCAB_KEY = "vocabulary"
 
 
-@dataclasses.dataclass(eq=False)
-class TextCorpusConfig(tfds.core.BuilderConfig):
-    """A tfds builder config naming one corpus; ``load`` returns its validated
-    `text_corpus.Corpus` when the data must be built."""
+def write_cache(directory: str, corpus: text_corpus.Corpus) -> None:
+    """Writes ``corpus`` (a vocabulary and ``{split: int32 [N]}``) to ``directory``,
+    whole or not at all: into a folder beside it, renamed at the end.
 
-    load: Callable[[], text_corpus.Corpus] | None = None
-
-
-class TextCorpus(tfds.core.GeneratorBasedBuilder):
-    """tfds builder of token streams in fixed-size chunks; build it with `builder`."""
-
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description="A text corpus as token ids, each split one stream in chunks.",
-            features=tfds.features.FeaturesDict(
-                {
-                    "ids": tfds.features.Tensor(shape=(CHUNK,), dtype=np.int32),
-                    "length": tfds.features.Scalar(dtype=np.int32),
-                }
-            ),
-            metadata=tfds.core.MetadataDict(),
-            disable_shuffling=True,
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # The corpus is a local file, read by ``load``.
-        vocab, streams = self.builder_config.load()
-        self.info.metadata[_VOCAB_KEY] = vocab.to_json()
-        return {split: self._generate_examples(ids) for split, ids in streams.items()}
-
-    def _generate_examples(self, ids: np.ndarray):
-        for i, start in enumerate(range(0, len(ids), CHUNK)):
-            chunk = ids[start : start + CHUNK]
-            padded = np.zeros(CHUNK, np.int32)
-            padded[: len(chunk)] = chunk
-            yield i, {"ids": padded, "length": np.int32(len(chunk))}
-
-
-def builder(name: str, *, data_dir: str | None = None, load=None) -> TextCorpus:
-    """The tfds builder of the corpus config ``name`` under ``data_dir``.
-
-    The data live in ``{data_dir}/text_corpus/{name}/1.0.0``; ``load`` (a callable
-    returning the validated corpus) is needed only to build them.
+    Another process that cached the same corpus first wins: its folder holds the same
+    bytes (the name fingerprints the source), and ours is removed.
     """
-    with _tfds.quiet():
-        return TextCorpus(
-            config=TextCorpusConfig(name=name, load=load),
-            data_dir=data_dir,
-            file_format="array_record",
-        )
-
-
-def read_stream(source) -> np.ndarray:
-    """Reassembles a split's chunk records (a tfds data source) into ``int32 [N]``."""
-    if not len(source):
-        return np.zeros(0, np.int32)
-    records = source.__getitems__(list(range(len(source))))
-    return np.concatenate([r["ids"][: int(r["length"])] for r in records]).astype(np.int32)
+    vocab, streams = corpus
+    partial = f"{directory}.{os.getpid()}.tmp"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    try:
+        for split, ids in streams.items():
+            np.save(os.path.join(partial, f"{split}.npy"), np.asarray(ids, np.int32))
+        with open(os.path.join(partial, VOCAB_FILE), "w") as f:
+            f.write(vocab.to_json())
+        try:
+            os.rename(partial, directory)
+        except OSError:
+            if not os.path.isdir(directory):
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 class TextTask:
@@ -137,8 +100,8 @@ class TextTask:
       level: ``"char"`` or ``"word"``.
       files: the source files, in the order they are fingerprinted.
       load: reads, validates and encodes them (`text_corpus.char_corpus` ...).
-      corpus: a short name for the corpus, part of the tfds config name.
-      data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
+      corpus: a short name for the corpus, part of the cache directory's name.
+      data_dir: where the token ids are cached (default `DEFAULT_DATA_DIR`).
     """
 
     train_split = TRAIN
@@ -157,8 +120,9 @@ class TextTask:
         data_dir: str | None = None,
     ):
         self.name, self.level, self.files = name, level, files
-        self.corpus, self.data_dir, self._load = corpus, data_dir, load
-        self._builder: TextCorpus | None = None
+        self.corpus, self._load = corpus, load
+        self.data_dir = data_dir or DEFAULT_DATA_DIR
+        self._cache: str | None = None
         self._vocab: Vocabulary | None = None
         self._tokens: dict[str, np.ndarray] = {}
 
@@ -168,24 +132,32 @@ class TextTask:
         return "bpc" if self.level == CHAR else "ppl"
 
     def prepare(self) -> None:
-        """Builds the tfds data under `data_dir` unless they exist (then it only hashes
-        the source files); reads the vocabulary.
+        """Caches the token ids under `data_dir` unless they are there (then it only
+        hashes the source files); reads the vocabulary.
 
         Raises:
           DataFormatError: for a source that is not UTF-8, empty or too short (nothing
             is written then).
         """
-        if self._builder is not None:
+        if self._cache is not None:
             return
         name = f"{self.level}-{self.corpus}-{text_corpus.fingerprint(self.files)}"
-        with _tfds.quiet():
-            b = builder(name, data_dir=self.data_dir)
-            if not b.is_prepared():
-                corpus = self._load()  # validated before anything is written
-                b = builder(name, data_dir=self.data_dir, load=lambda: corpus)
-                _tfds.prepare(b)
-        self._vocab = Vocabulary.from_json(b.info.metadata[_VOCAB_KEY])
-        self._builder = b
+        cache = os.path.join(self.data_dir, CACHE_FOLDER, name)
+        if not os.path.isdir(cache):
+            began = time.perf_counter()
+            corpus = self._load()  # validated before anything is written
+            print(
+                f"Caching the {self.name} token ids in {cache} (once: later runs reuse them)...",
+                flush=True,
+            )
+            write_cache(cache, corpus)
+            print(
+                f"Cached the {self.name} token ids in {time.perf_counter() - began:.0f} s.",
+                flush=True,
+            )
+        with open(os.path.join(cache, VOCAB_FILE)) as f:
+            self._vocab = Vocabulary.from_json(f.read())
+        self._cache = cache
 
     @property
     def vocab(self) -> Vocabulary:
@@ -204,9 +176,7 @@ class TextTask:
         text_corpus.check_split(split)
         if split not in self._tokens:
             self.prepare()
-            with _tfds.quiet():
-                source = self._builder.as_data_source(split=split)
-            stream = read_stream(source)
+            stream = np.load(os.path.join(self._cache, f"{split}.npy"))
             stream.flags.writeable = False  # shared by every caller
             self._tokens[split] = stream
         return self._tokens[split]
@@ -286,7 +256,7 @@ def char_text(*, path: str = DEFAULT_SHAKESPEARE_DIR, data_dir: str | None = Non
       path: a UTF-8 text file, or a directory holding one corpus ``*.txt`` (besides
         ``SOURCE.txt``), as ``launch.prepare_data`` writes it. The default is the
         Shakespeare corpus of ``python -m launch.prepare_data shakespeare``.
-      data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
+      data_dir: where the token ids are cached (default `DEFAULT_DATA_DIR`).
 
     Raises:
       DataNotFoundError: for a missing path; the message gives the command that
@@ -310,7 +280,7 @@ def wikitext(*, path: str, data_dir: str | None = None) -> TextTask:
     Args:
       path: a directory holding ``wiki.train.tokens``, ``wiki.valid.tokens`` and
         ``wiki.test.tokens`` (WikiText-2 or WikiText-103).
-      data_dir: where tfds stores the data (default ``~/tensorflow_datasets``).
+      data_dir: where the token ids are cached (default `DEFAULT_DATA_DIR`).
 
     Raises:
       DataNotFoundError: naming a missing file and how to get WikiText.

@@ -183,7 +183,8 @@ def build_model(config: Any, deq: DEQSpec) -> nn.Module:
 def build_task(config: Any, workdir: str) -> Any:
     """``tasks.get(name, data_dir=..., **fields)`` from ``config.task``.
 
-    An empty ``data_dir`` puts the generated data under ``{workdir}/data``.
+    An empty ``data_dir`` puts what a task stores (converted records, cached token ids)
+    under ``{workdir}/data``.
     """
     fields = _section(config)
     name = fields.pop("name")

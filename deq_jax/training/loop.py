@@ -120,7 +120,9 @@ class Loop:
         self.stopped_by: str | None = None
         self.lead = jax.process_index() == 0
         self.state, self.carry = run.state, run.carry
-        self.writer = MetricWriter(workdir, tensorboard=config.log.tensorboard, enabled=self.lead)
+        self.writer = MetricWriter(
+            workdir, tensorboard=config.log.tensorboard, enabled=self.lead, emit=emit
+        )
         self.best = BestCheckpoint(workdir, SelectionRule.from_config(config.eval, run.task), emit)
         self.progress = ProgressLogger(config.train.steps, run.start_step, emit=emit)
         limit = config.train.max_nonfinite_steps

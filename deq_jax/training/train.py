@@ -27,8 +27,9 @@ after the step they arrive in, with a checkpoint at that step
 
 Files in the workdir: ``run.lock`` (while a run is live), ``checkpoints/`` (orbax),
 ``checkpoints_best/`` (the best state and its record), ``metrics.jsonl``,
-``tensorboard/``, ``config.json``, the family's report and ``data/`` (generated data,
-unless ``task.data_dir`` is set).
+``tensorboard/`` (with tensorboardX installed), ``config.json``, the family's report
+and ``data/`` (converted image records, a corpus's token ids, unless ``task.data_dir``
+is set).
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",

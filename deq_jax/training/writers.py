@@ -3,7 +3,9 @@
 `MetricWriter` appends one JSON object per call to ``{workdir}/metrics.jsonl`` (each
 tagged with its ``step`` and ``split``) and writes the same scalars to TensorBoard with
 tensorboardX (no TensorFlow needed) under ``{workdir}/tensorboard``, one subdirectory
-per split so that curves of different splits overlay. A record whose step and split
+per split so that curves of different splits overlay. tensorboardX comes with the
+``[train]`` extra; without it a run asking for TensorBoard events says so in one line
+and writes ``metrics.jsonl`` alone. A record whose step and split
 the file already holds (written by an earlier invocation in the same workdir: a run
 resumed from an older checkpoint repeats the steps after it) is not written again, to
 either place. `ProgressLogger` turns train metrics into a human line with steps/s and
@@ -22,7 +24,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from tensorboardX import SummaryWriter
+
+try:  # the [train] extra's: without it, metrics.jsonl alone (MetricWriter says so)
+    from tensorboardX import SummaryWriter
+except ImportError:
+    SummaryWriter = None
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -74,22 +80,36 @@ class MetricWriter:
 
     Args:
       workdir: the run's directory.
-      tensorboard: whether to write TensorBoard events too.
+      tensorboard: whether to write TensorBoard events too (when tensorboardX is
+        installed; else ``emit`` receives one line saying the events are not written).
       enabled: ``False`` on every process but the lead one, making all calls no-ops.
+      emit: receives that line.
     """
 
-    def __init__(self, workdir: str, *, tensorboard: bool = True, enabled: bool = True):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        tensorboard: bool = True,
+        enabled: bool = True,
+        emit: Callable[[str], None] = print,
+    ):
         self.enabled = enabled
         self.path = os.path.join(workdir, METRICS_FILE)
         self._tb_root = os.path.join(workdir, TENSORBOARD_DIR)
-        self._tensorboard = tensorboard and enabled
-        self._tb: dict[str, SummaryWriter] = {}
+        self._tensorboard = tensorboard and enabled and SummaryWriter is not None
+        if tensorboard and enabled and SummaryWriter is None:
+            emit(
+                "No TensorBoard events: tensorboardX is not installed (pip install tensorboardX, "
+                "or log.tensorboard=False to silence this); metrics go to metrics.jsonl."
+            )
+        self._tb: dict[str, Any] = {}
         # (step, split) of the records earlier invocations wrote: never written twice.
         self._written_before: set[tuple[int, str]] = set()
         if enabled and os.path.exists(self.path):
             self._written_before = {(r["step"], r["split"]) for r in read_metrics(workdir)}
 
-    def _board(self, split: str) -> SummaryWriter:
+    def _board(self, split: str) -> Any:
         if split not in self._tb:
             self._tb[split] = SummaryWriter(os.path.join(self._tb_root, split))
         return self._tb[split]
