@@ -304,30 +304,32 @@ class RelativeSelfAttention(nn.Module):
         (``implementation`` ``"cudnn"`` or ``"xla"``): the content scores in its kernel,
         the shifted position scores its ``bias``; ``[B, L, H, D_h]`` in ``qkv``'s dtype.
 
-        In bfloat16 precision the kernel's operands and the position scores' product
-        take bfloat16 (the latter accumulating in ``qkv``'s dtype); in any other, the
-        dtype of ``qkv``. Attention dropout is not applied: `attention_implementation`
-        never picks a fused kernel while it is active."""
+        In bfloat16 precision the kernel's operands, the position scores' product and
+        its output (the bias) are bfloat16 (cuDNN's kernel and the GPU's matmuls
+        accumulate in float32); in any other, the dtype of ``qkv``. Attention dropout
+        is not applied: `attention_implementation` never picks a fused kernel while it
+        is active."""
         b, q_len, _ = qkv.shape
         h, dh = self.n_head, self.d_head
         dtype = jnp.bfloat16 if current_precision() == "bfloat16" else qkv.dtype
-        q, k, v = jnp.moveaxis(qkv.reshape(b, q_len, 3, h, dh), 2, 0)  # each [B, L, H, Dh]
+        scale = 1.0 / float(dh) ** 0.5
+        qkv = qkv.reshape(b, q_len, 3, h, dh)
+        q, k, v = (qkv[:, :, i] for i in range(3))  # each [B, L, H, Dh]
+        # the scale on the queries: the product's output, in dtype, is the bias
         position = jnp.einsum(
             "bihd,bhjd->bhij",
-            (q + self.r_r_bias).astype(dtype),
+            ((q + self.r_r_bias) * scale).astype(dtype),
             context.r.astype(dtype),
-            preferred_element_type=qkv.dtype,
         )  # [B, H, L, K]
-        scale = 1.0 / float(dh) ** 0.5
         keys = jnp.concatenate([jnp.swapaxes(context.k_mem, 1, 2), k], axis=1)  # [B, K, H, Dh]
         values = jnp.concatenate([jnp.moveaxis(context.v_mem, 3, 1), v], axis=1)  # [B, K, H, Dh]
         out = jax.nn.dot_product_attention(
             (q + self.r_w_bias).astype(dtype),
             keys.astype(dtype),
             values.astype(dtype),
-            bias=(rel_shift(position) * scale).astype(dtype),
+            bias=rel_shift(position),
             mask=context.mask,
             scale=scale,
             implementation=implementation,
         )  # [B, L, H, Dh]
-        return out.astype(qkv.dtype)
+        return out.astype(q.dtype)
