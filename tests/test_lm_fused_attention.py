@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import lm_attention
 from deq_jax.models.language import DEQTransformerCell, Memory, attention
 from deq_jax.precision import computing_in
 
@@ -153,3 +154,21 @@ def test_the_fused_path_in_bfloat16_is_within_bfloat16_rounding_of_float32(
     # moved the block's output by 1.6e-3 (post-LN) and 2.6e-3 (pre-LN); the fused path
     # in float32 is 1e-7 from the written-out one
     assert 1e-4 < _relative_error(fused, float32) < float(jnp.finfo(jnp.bfloat16).eps)
+
+
+def test_the_device_check_compiles_both_paths_at_the_smoke_size():
+    record = lm_attention.measure("smoke", "xla", repeats=0, deq_iters=2)
+    assert record["kernel"] == "xla" and not record["checks"]["kernel_is_cudnn"]  # the CPU
+    for path in ("written_out", "fused"):
+        programs = record[path]["programs"]
+        assert programs["f"]["jaxpr"]["gflop"] > 0 < programs["vjp"]["jaxpr"]["gflop"]
+        assert programs["f"]["compiled"]["matmul"]["count"] >= 4
+    assert "ms" not in record["fused"] and "errors" not in record
+
+
+@pytest.mark.slow
+def test_the_device_check_passes_on_the_fused_path_at_the_smoke_size():
+    record = lm_attention.measure("smoke", "xla", repeats=1, deq_iters=2)
+    assert record["checks"]["outputs_within_bfloat16"]
+    assert record["checks"]["gradients_within_bfloat16"]
+    assert set(record["fused"]["ms"]) == {"f", "vjp", "deq_train_solve"}
