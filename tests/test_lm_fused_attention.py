@@ -167,6 +167,7 @@ def test_the_device_check_compiles_both_paths_at_the_smoke_size():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:IFT backward solve did not converge")  # 2 iterations
 def test_the_device_check_passes_on_the_fused_path_at_the_smoke_size():
     record = lm_attention.measure("smoke", "xla", repeats=1, deq_iters=2)
     assert record["checks"]["outputs_within_bfloat16"]
