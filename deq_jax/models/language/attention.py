@@ -14,6 +14,12 @@ In a DEQ-Transformer the injection (a linear map of the token embeddings, ``3 H 
 wide) is added to the q, k, v projections of ``[memory, state]`` at every iteration
 (Bai et al. 2019); this module takes it as an argument.
 
+Two ways to compute it, the same numbers (`attention_implementation` picks one per
+call): written out (scores, `rel_shift`, mask, softmax, ``probs @ v``), which XLA:CPU
+and float32 compile well; or fused, `jax.nn.dot_product_attention` with the shifted
+position scores as its ``bias`` and the mask as its ``mask``, which on an NVIDIA GPU
+runs cuDNN's flash-attention kernel when the cell computes in bfloat16.
+
 References:
   Dai, Yang, Yang, Carbonell, Le & Salakhutdinov, "Transformer-XL: Attentive Language
   Models Beyond a Fixed-Length Context", ACL 2019.
@@ -28,10 +34,14 @@ from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.norms import WeightNormDense
+from deq_jax.precision import current_precision
+
+IMPLEMENTATIONS = ("unfused", "xla", "cudnn")
 
 
 def sinusoid_positions(klen: int, d_model: int, dtype: Any = jnp.float32) -> jax.Array:
@@ -113,6 +123,36 @@ def unfused_on_cpu(x: jax.Array) -> jax.Array:
     if jax.default_backend() == "cpu":
         return jax.lax.optimization_barrier(x)
     return x
+
+
+def platform() -> str:
+    """The default backend's platform: ``"cuda"`` or ``"rocm"`` for a GPU, else
+    `jax.default_backend` (``"cpu"``, ``"tpu"``)."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        version = jax.extend.backend.get_backend().platform_version.lower()
+        return "cuda" if "cuda" in version else "rocm"
+    return backend
+
+
+def attention_implementation(platform: str, precision: str, dropout_active: bool) -> str:
+    """How `RelativeSelfAttention` computes a call: one of `IMPLEMENTATIONS`.
+
+    ``"cudnn"`` (`jax.nn.dot_product_attention` on cuDNN's fused kernel) on an NVIDIA GPU
+    when the cell computes in bfloat16 (the kernel takes bfloat16 or float16 operands
+    only) and no attention probabilities are dropped (the kernel cannot apply the
+    solve's fixed dropout mask); otherwise ``"unfused"``, the attention written out.
+    ``"xla"``, the fused path on `jax.nn.dot_product_attention`'s XLA composition, is
+    never chosen: it runs the fused path's code where cuDNN is absent (tests, on the CPU).
+
+    Args:
+      platform: `platform`'s answer (``"cuda"``, ``"rocm"``, ``"cpu"``, ``"tpu"``).
+      precision: the cell's precision (`deq_jax.precision.current_precision`).
+      dropout_active: whether this call drops attention probabilities.
+    """
+    if platform == "cuda" and precision == "bfloat16" and not dropout_active:
+        return "cudnn"
+    return "unfused"
 
 
 class AttentionContext(NamedTuple):
@@ -223,24 +263,73 @@ class RelativeSelfAttention(nn.Module):
         return AttentionContext(k_mem, v_mem, r, mask[:, None], injection[:, mem_len:])
 
     def __call__(self, z: jax.Array, context: AttentionContext) -> jax.Array:
-        """Attends from ``z [B, L, d_model]`` to ``[mem, z]``; returns ``[B, L, d_model]``."""
+        """Attends from ``z [B, L, d_model]`` to ``[mem, z]``; returns ``[B, L, d_model]``.
+
+        The implementation is `attention_implementation`'s for this backend, the cell's
+        precision and whether attention dropout is active."""
         b, q_len, _ = z.shape
-        h, dh = self.n_head, self.d_head
-        q, k, v = _heads(self.qkv(self.ln_in(z) if self.pre_ln else z) + context.injection, h, dh)
-        k = jnp.concatenate([context.k_mem, k], axis=2)  # [B, H, K, Dh]
-        # values transposed: both operands of probs @ v contract their last axis, the
-        # form XLA's CPU backend hands to its fast matmul library
-        v = jnp.concatenate([context.v_mem, jnp.swapaxes(v, 2, 3)], axis=3)  # [B, H, Dh, K]
-        content = jnp.einsum("bhid,bhjd->bhij", q + self.r_w_bias[:, None], k)  # [B, H, L, K]
-        position = jnp.einsum("bhid,bhjd->bhij", q + self.r_r_bias[:, None], context.r)
-        scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(dh, z.dtype))
-        scores = jnp.where(context.mask, scores, jnp.finfo(scores.dtype).min)
-        probs = self.drop_att(jax.nn.softmax(scores, axis=-1))  # [B, H, L, K]
-        probs = unfused_on_cpu(probs)
-        vec = jnp.einsum("bhij,bhdj->bihd", probs, v).reshape(b, q_len, h * dh)  # [B, L, HD]
+        qkv = self.qkv(self.ln_in(z) if self.pre_ln else z) + context.injection  # [B, L, 3HD]
+        dropout_active = self.dropatt > 0.0 and self.has_rng("dropout")
+        implementation = attention_implementation(platform(), current_precision(), dropout_active)
+        if implementation == "unfused":
+            vec = self._unfused(qkv, context)
+        else:
+            vec = self._fused(qkv, context, implementation)
+        vec = vec.reshape(b, q_len, self.n_head * self.d_head)  # [B, L, HD]
         if self.pre_ln:
             vec = self.ln_vec(vec)
         out = self.drop_out(self.o_net(vec))  # [B, L, d]
         if self.pre_ln:
             return z + out
         return self.ln_out(z + out)
+
+    def _unfused(self, qkv: jax.Array, context: AttentionContext) -> jax.Array:
+        """The attention of ``qkv [B, L, 3 H D_h]`` written out; ``[B, L, H, D_h]``."""
+        dh = self.d_head
+        q, k, v = _heads(qkv, self.n_head, dh)
+        k = jnp.concatenate([context.k_mem, k], axis=2)  # [B, H, K, Dh]
+        # values transposed: both operands of probs @ v contract their last axis, the
+        # form XLA's CPU backend hands to its fast matmul library
+        v = jnp.concatenate([context.v_mem, jnp.swapaxes(v, 2, 3)], axis=3)  # [B, H, Dh, K]
+        content = jnp.einsum("bhid,bhjd->bhij", q + self.r_w_bias[:, None], k)  # [B, H, L, K]
+        position = jnp.einsum("bhid,bhjd->bhij", q + self.r_r_bias[:, None], context.r)
+        scores = (content + rel_shift(position)) / jnp.sqrt(jnp.asarray(dh, qkv.dtype))
+        scores = jnp.where(context.mask, scores, jnp.finfo(scores.dtype).min)
+        probs = self.drop_att(jax.nn.softmax(scores, axis=-1))  # [B, H, L, K]
+        probs = unfused_on_cpu(probs)
+        return jnp.einsum("bhij,bhdj->bihd", probs, v)
+
+    def _fused(self, qkv: jax.Array, context: AttentionContext, implementation: str) -> jax.Array:
+        """The attention of ``qkv [B, L, 3 H D_h]`` by `jax.nn.dot_product_attention`
+        (``implementation`` ``"cudnn"`` or ``"xla"``): the content scores in its kernel,
+        the shifted position scores its ``bias``; ``[B, L, H, D_h]`` in ``qkv``'s dtype.
+
+        In bfloat16 precision the kernel's operands, the position scores' product and
+        its output (the bias) are bfloat16 (cuDNN's kernel and the GPU's matmuls
+        accumulate in float32); in any other, the dtype of ``qkv``. Attention dropout
+        is not applied: `attention_implementation` never picks a fused kernel while it
+        is active."""
+        b, q_len, _ = qkv.shape
+        h, dh = self.n_head, self.d_head
+        dtype = jnp.bfloat16 if current_precision() == "bfloat16" else qkv.dtype
+        scale = 1.0 / float(dh) ** 0.5
+        qkv = qkv.reshape(b, q_len, 3, h, dh)
+        q, k, v = (qkv[:, :, i] for i in range(3))  # each [B, L, H, Dh]
+        # the scale on the queries: the product's output, in dtype, is the bias
+        position = jnp.einsum(
+            "bihd,bhjd->bhij",
+            ((q + self.r_r_bias) * scale).astype(dtype),
+            context.r.astype(dtype),
+        )  # [B, H, L, K]
+        keys = jnp.concatenate([jnp.swapaxes(context.k_mem, 1, 2), k], axis=1)  # [B, K, H, Dh]
+        values = jnp.concatenate([jnp.moveaxis(context.v_mem, 3, 1), v], axis=1)  # [B, K, H, Dh]
+        out = jax.nn.dot_product_attention(
+            (q + self.r_w_bias).astype(dtype),
+            keys.astype(dtype),
+            values.astype(dtype),
+            bias=rel_shift(position),
+            mask=context.mask,
+            scale=scale,
+            implementation=implementation,
+        )  # [B, L, H, Dh]
+        return out.astype(q.dtype)
