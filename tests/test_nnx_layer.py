@@ -239,17 +239,24 @@ def test_under_nnx_jit_grad_and_vmap():
     def loss(model, x):
         return jnp.sum(model(x)[0] ** 2)
 
-    eager = nnx.value_and_grad(loss)(model, x[0])
-    jitted = nnx.jit(nnx.value_and_grad(loss))(model, x[0])
+    value, grads = nnx.jit(nnx.value_and_grad(loss))(model, x[1])
+    graphdef, state = nnx.split(model)  # the same loss as a pure function of the state
+    pure = jax.jit(jax.value_and_grad(lambda s, x: loss(nnx.merge(graphdef, s), x)))
     close = lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    jax.tree_util.tree_map(close, eager, jitted)
-    batched = nnx.vmap(lambda m, x: m(x)[0], in_axes=(None, 0))(model, x)
-    np.testing.assert_allclose(batched[1], model(x[1])[0], rtol=1e-5, atol=1e-6)
-    per_input = nnx.vmap(nnx.grad(loss), in_axes=(None, 0))(model, x)
-    kernel = per_input["cell"]["recurrent"]["kernel"][...]
+    jax.tree_util.tree_map(close, (value, grads), pure(state, x[1]))
+    batched = nnx.jit(nnx.vmap(nnx.value_and_grad(loss), in_axes=(None, 0)))(model, x)
+    kernel = batched[1]["cell"]["recurrent"]["kernel"][...]
     assert kernel.shape == (2, 8, 8)
-    single = nnx.grad(loss)(model, x[1])["cell"]["recurrent"]["kernel"][...]
-    np.testing.assert_allclose(kernel[1], single, rtol=1e-4, atol=1e-6)
+    close(batched[0][1], value)
+    close(kernel[1], grads["cell"]["recurrent"]["kernel"][...])
+
+
+def test_stats_probe_carries_the_backward_solves_statistics():
+    model = dnx.DEQ(_mlp(), solver=dj.solvers.anderson(tol=1e-5))
+    loss = lambda model, probe: jnp.sum(model(_x(), stats_probe=probe)[0])
+    _, g_probe = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(model, dj.backward.stats_probe())
+    stats = dj.backward.read_stats_probe(g_probe)
+    assert float(stats["converged_fraction"]) == 1.0 and float(stats["nstep_max"]) >= 2
 
 
 class _WrongShapeCell(nnx.Module):
