@@ -9,8 +9,9 @@ The functional core::
     sol.value, sol.stats.nstep, sol.stats.rel_residual
 
 See ``shared/DESIGN.md`` for the architecture: solvers and backward modes at the bottom,
-Flax modules (`deq_jax.nn`) above them, the task models (`deq_jax.models`), then
-analysis, the neural solver and training; tasks (data) beside the bottom layers.
+Flax modules (`deq_jax.nn` for linen, `deq_jax.nnx` for NNX) above them, the task
+models (`deq_jax.models`), then analysis, the neural solver and training; tasks (data)
+beside the bottom layers.
 
 ``import deq_jax`` needs only jax, flax, optax and numpy. `deq_jax.training` (orbax
 checkpoints, TensorBoard logs, absl logging: the ``[train]`` extra) is imported on first
@@ -26,6 +27,7 @@ from deq_jax import (
     models,
     neural_solver,
     nn,
+    nnx,
     regularizers,
     solvers,
     tasks,
@@ -45,6 +47,7 @@ __all__ = [
     "models",
     "neural_solver",
     "nn",
+    "nnx",
     "regularizers",
     "solvers",
     "tasks",

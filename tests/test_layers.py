@@ -12,12 +12,14 @@ the line and the rule:
   ``experiments/``) and ``benchmarks/`` are each one unit, and no circle runs between
   units either, even one that no single pair of modules closes.
 * ``layer``: an import only points down the order
-  ``solvers < backward < fixed_point < regularizers < nn < models <
+  ``solvers < backward < fixed_point < regularizers < {nn, nnx} < models <
   {analysis, neural_solver} < training < launch/configs < experiments/benchmarks``, with
   ``_flat``, ``_forward_mode``, ``_registry`` and ``_sections`` the ground floor; ``analysis`` and
   ``neural_solver`` do not import each other; ``deq_jax.tasks`` imports only the ground
   floor, solvers, backward and fixed_point, and only models and what is above them import
-  it. ``deq_jax/__init__.py`` is the package face: it may import any of ``deq_jax``, and
+  it. ``nnx`` (the Flax NNX layer) shares ``nn``'s floor but may import ``nn``, whose
+  spec, states and pure functions it reuses (`SIDEWAYS`); ``nn`` never imports ``nnx``.
+  ``deq_jax/__init__.py`` is the package face: it may import any of ``deq_jax``, and
   only the command line and the studies import it. ``experiments`` and ``benchmarks`` may import
   ``deq_jax``, ``launch`` and ``configs``, which never import them. A ``deq_jax`` module
   outside these layers is a failure too.
@@ -61,6 +63,7 @@ RANKS = {
     "fixed_point": 3,
     "regularizers": 4,
     "nn": 5,
+    "nnx": 5,
     "models": 6,
     "analysis": 7,
     "neural_solver": 7,
@@ -69,6 +72,8 @@ RANKS = {
     "command line": 10,
     "studies": 11,
 }
+# Floors sharing a rank where one may import the other: (importer, imported).
+SIDEWAYS = {("nnx", "nn")}
 TASKS_MAY_IMPORT = ("ground", "solvers", "backward", "fixed_point")
 TASKS_IMPORTED_FROM = RANKS["models"]  # models and above may import tasks
 RULES = ("cycle", "layer", "lazy", "length")
@@ -176,7 +181,7 @@ def _layer_problem(source: str, target: str) -> str | None:
         if RANKS[high] >= TASKS_IMPORTED_FROM:
             return None
         return "only models and the floors above them import deq_jax.tasks"
-    if RANKS[low] < RANKS[high]:
+    if RANKS[low] < RANKS[high] or (high, low) in SIDEWAYS:
         return None
     if RANKS[low] == RANKS[high]:
         return f"{high} and {low} share a floor and do not import each other"
@@ -316,6 +321,7 @@ CLEAN = {
     "deq_jax/solvers/base.py": "from deq_jax import _flat\nclass Solver: ...\n",
     "deq_jax/nn/__init__.py": "from deq_jax.nn.deq import DEQ\n",
     "deq_jax/nn/deq.py": "from deq_jax.solvers import Solver\nDEQ = Solver\n",
+    "deq_jax/nnx/__init__.py": "from deq_jax.nn.deq import DEQ\n",
     "deq_jax/models/__init__.py": "from deq_jax.models import language\n",
     "deq_jax/models/language.py": "from deq_jax.nn import DEQ\nfrom deq_jax.tasks import base\n",
     "deq_jax/tasks/__init__.py": "from . import base\n",
@@ -365,6 +371,7 @@ def test_checker_finds_a_cycle_through_a_package_init(tmp_path):
         ("deq_jax/solvers/base.py", "import deq_jax.nn.deq\n", "imports point down"),
         ("deq_jax/nn/deq.py", "from deq_jax.models import language\n", "imports point down"),
         ("deq_jax/analysis/a.py", "from deq_jax.neural_solver import s\n", "share a floor"),
+        ("deq_jax/nn/deq.py", "from deq_jax.nnx import DEQ\n", "share a floor"),
         ("deq_jax/tasks/base.py", "from deq_jax.nn import DEQ\n", "deq_jax.tasks imports only"),
         ("deq_jax/nn/deq.py", "from deq_jax.tasks import base\n", "only models and the"),
         ("deq_jax/training/a.py", "import deq_jax\n", "imports point down"),

@@ -41,11 +41,11 @@ NORMS = (None, "group", "layer")
 
 # Weights of the z -> z' map start with spectral radius about 1/2 (circular law), so a
 # freshly initialised tanh cell is close to contractive.
-_RECURRENT_INIT = nn.initializers.variance_scaling(0.25, "fan_in", "normal")
+RECURRENT_INIT = nn.initializers.variance_scaling(0.25, "fan_in", "normal")
 
 # PyTorch's default convolution initialisation (variance 1 / (3 fan_in)), which the
 # deep-thinking networks use.
-_CONV_INIT = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+CONV_INIT = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
 
 
 class MLPCell(nn.Module):
@@ -72,7 +72,7 @@ class MLPCell(nn.Module):
     hidden: int | None = None
     weight_norm: bool = False
     dropout_rate: float = 0.0
-    recurrent_init: Initializer = _RECURRENT_INIT
+    recurrent_init: Initializer = RECURRENT_INIT
     kernel_init: Initializer = nn.initializers.lecun_normal()
     param_dtype: Any = jnp.float32
 
@@ -121,7 +121,7 @@ class _ConvCell(nn.Module):
     norm_groups: int = 4
     weight_norm: bool = False
     dropout_rate: float = 0.0
-    kernel_init: Initializer = _CONV_INIT
+    kernel_init: Initializer = CONV_INIT
     param_dtype: Any = jnp.float32
 
     def __post_init__(self):

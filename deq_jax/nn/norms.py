@@ -57,7 +57,9 @@ def weight_norm_kernel(v: jax.Array, g: jax.Array, eps: float = 1e-12) -> jax.Ar
     return v * (g / norm)
 
 
-def _norm_of(v: jax.Array) -> jax.Array:
+def kernel_norms(v: jax.Array) -> jax.Array:
+    """The Euclidean norm of each output slice ``v[..., j]`` (``[out]``): the initial
+    scale ``g`` of a weight-normalised kernel, which starts it as its plain kernel."""
     return jnp.sqrt(jnp.sum(jnp.square(v), axis=tuple(range(v.ndim - 1))))
 
 
@@ -88,7 +90,7 @@ class WeightNormDense(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """``x [..., in] -> [..., features]``."""
         v = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
-        g = self.param("scale", lambda _: _norm_of(v))
+        g = self.param("scale", lambda _: kernel_norms(v))
         y = jnp.dot(x, weight_norm_kernel(v, g))  # [..., features]
         if self.use_bias:
             y = y + self.param("bias", self.bias_init, (self.features,), self.param_dtype)
@@ -136,7 +138,7 @@ class WeightNormConv(nn.Module):
             )
         shape = (*self.kernel_size, x.shape[-1], self.features)
         v = self.param("kernel", self.kernel_init, shape, self.param_dtype)
-        g = self.param("scale", lambda _: _norm_of(v))
+        g = self.param("scale", lambda _: kernel_norms(v))
         w = weight_norm_kernel(v, g).astype(x.dtype)  # [*k, in, features]
         strides = (self.strides,) * n if isinstance(self.strides, int) else tuple(self.strides)
         numbers = channels_last_numbers(x.ndim)  # [B, *spatial, C] and [*k, in, out]
