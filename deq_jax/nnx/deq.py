@@ -181,7 +181,7 @@ class DEQ(nnx.Module):
         f, z0, args, solver = self._problem(x, z0, train, max_iter, key)
         # the solver carries the call's budget; fixed_point checks the cell's output
         solve = lambda start, probe=None: fixed_point(
-            f, start, args, solver=solver, backward=self.spec.backward, stats_probe=probe
+            f, start, args, solver=solver, backward=self.spec.backward_for(), stats_probe=probe
         )
         sol = solve(z0, stats_probe)
         if self.spec.terms:
@@ -289,7 +289,7 @@ class DEQ(nnx.Module):
         def f(z, args):
             cell_state, x_in, dropout_key = args
             cell = lambda z_c, s, x_c: merged(s, dropout_key)(z_c, x_c)
-            # spec.compute_dtype: the cell in bfloat16, the solver's state in float32
-            return self.spec.in_compute_dtype(cell, z, cell_state, x_in)
+            # spec.precision: the cell's arithmetic; the solver's state stays float32
+            return self.spec.in_precision(cell, z, cell_state, x_in)
 
         return EquilibriumProblem(f, z0, (state, x, key), solver)
