@@ -178,7 +178,7 @@ def _rewrite_closed(closed: jcore.ClosedJaxpr) -> jcore.ClosedJaxpr:
 def _rewrite_param(value: Any) -> Any:
     """A primitive's parameter with any jaxpr in it rewritten; others unchanged. An open
     jaxpr whose rewrite needs constants of its own is left as it was."""
-    if isinstance(value, tuple):
+    if type(value) is tuple:  # e.g. a cond's branches; never a NamedTuple (a PRNG impl)
         return tuple(_rewrite_param(v) for v in value)
     if isinstance(value, jcore.ClosedJaxpr):
         return _rewrite_closed(value)

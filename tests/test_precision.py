@@ -320,6 +320,17 @@ def test_a_deq_layer_in_bfloat16_keeps_its_state_and_gradients_float32():
     assert cosine(g16, g32) > 0.999  # measured 0.99999
 
 
+def test_a_cell_with_dropout_keys_runs_in_bfloat16():
+    # the cell's keys (random_wrap's PRNG impl parameter) pass the rewrite unchanged
+    model = DEQ(MLPCell(features=32, dropout_rate=0.3), spec=SPEC.replace(precision=BF16))
+    params = model.init(jax.random.key(2), X, train=False)["params"]
+    apply = lambda key: model.apply({"params": params}, X, train=True, rngs={"dropout": key})
+    z, stats = jax.jit(apply)(jax.random.key(3))
+    assert z.dtype == jnp.float32 and bool(jnp.all(stats.converged))
+    z_other, _ = jax.jit(apply)(jax.random.key(4))
+    assert not np.allclose(z, z_other)  # the masks differ with the key
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _lm_apply(precision, params, toks, targets):
     spec = SPEC.replace(precision=precision)
