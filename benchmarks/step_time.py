@@ -176,7 +176,10 @@ def _train_stats(rows: list[dict], seconds: list[float]) -> dict[str, Any]:
             [1e3 * s / max(float(r["nstep_max"]), 1.0) for s, r in zip(seconds, rows, strict=True)]
         ),
     }
-    for key in ("nstep_max", "nstep_mean", "abs_residual_max"):
+    for key in ("floor", "at_floor"):  # a reduced-precision cell's residual floor
+        if key in rows[0]:
+            stats[f"train_fwd_{key}"] = stat_summary([r[key] for r in rows])
+    for key in ("nstep_max", "nstep_mean", "abs_residual_max", "floor_mean", "at_floor_fraction"):
         if f"bwd_{key}" in rows[0]:
             stats[f"train_bwd_{key}"] = stat_summary([r[f"bwd_{key}"] for r in rows])
     return stats

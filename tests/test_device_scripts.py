@@ -64,3 +64,94 @@ def test_mazes_benchmark_script_fits_steps_trains_three_seeds_and_reports(tmp_pa
         assert config["train"]["steps"] == int(steps) and config["train"]["seed"] == seed
         assert config["task"]["train_size"] == 48  # EXTRA reaches every run
         assert config["eval"]["every_steps"] == int(steps) // 4  # EVALS validations
+
+
+def test_precision_script_dry_run_prints_every_stage(tmp_path):
+    done = _run_script("precision.sh", str(tmp_path / "out"), "/corpus", DRY_RUN="1")
+    lines = done.stdout.splitlines()
+    steps = [line for line in lines if "-m benchmarks.step_time" in line]
+    assert len(steps) == 8  # lm and mdeq, two precisions, two rounds
+    assert sum("--config.deq.precision=bfloat16" in line for line in steps) == 4
+    assert all("--out" in line and "steps.jsonl" in line for line in steps)
+    assert sum("--config.model.d_model=512" in line for line in steps) == 4
+    assert sum("mdeq_cifar10.py:small" in line and "--batch 128" in line for line in steps) == 4
+    twins = [line for line in lines if "lm_twin.py" in line or "mdeq_twin.py" in line]
+    assert len(twins) == 4 and sum("--tf32" in line for line in twins) == 2
+    assert all("TWIN_DEVICE=cuda" in line for line in twins)
+    trains = [line for line in lines if "-m launch.main" in line]
+    evals = [line for line in lines if "-m launch.evaluate" in line]
+    assert len(trains) == len(evals) == 2
+    assert all("--config.task.path=/corpus" in line for line in trains + evals)
+    assert all("--checkpoint=last" in line for line in evals)
+
+
+def test_precision_table_reads_the_records_and_judges_the_goals(tmp_path):
+    from experiments.precision import gpu_table
+
+    def record(tag, train_ms, nstep_max, tflops):
+        summary = lambda v: {"median": v, "mean": v, "max": v}
+        return dict(
+            tag=tag,
+            config={"deq": {"train_max_iter": 20}},
+            train_ms=summary(train_ms),
+            eval_ms=summary(train_ms / 3),
+            f_eval_ms=summary(1.0),
+            f_eval_tflops_per_s=tflops,
+            f_eval_fraction_of_peak=None,
+            train_fwd_nstep_mean=summary(nstep_max - 1),
+            train_fwd_nstep_max=summary(nstep_max),
+            train_bwd_nstep_mean=summary(6.0),
+            eval_nstep_mean=summary(6.0),
+        )
+
+    records = [
+        record("lm_default_1", 34.0, 9, 77.0),
+        record("lm_bfloat16_1", 19.0, 8, 160.0),
+        record("mdeq_default_1", 50.0, 12, 10.0),
+        record("mdeq_bfloat16_1", 40.0, 20, 12.0),
+    ]
+    (tmp_path / "steps.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    for precision, bpc in (("default", 2.40), ("bfloat16", 2.43)):
+        (tmp_path / f"eval_{precision}.json").write_text(
+            json.dumps({"max_iter=20": {"valid": {"bpc": bpc}}})
+        )
+        (tmp_path / f"train_{precision}.log").write_text(
+            "step 900/20000  loss 2 solver steps 7.5 (max 9)\n"
+        )
+        os.makedirs(tmp_path / f"train_{precision}")
+        (tmp_path / f"train_{precision}" / "config.json").write_text(
+            json.dumps({"deq": {"train_max_iter": 20}})
+        )
+    result = gpu_table.main(["gpu_table", str(tmp_path)])
+    goals = result["goals"]
+    assert goals["lm_bf16_step_ratio"] == [19.0 / 34.0, True]
+    assert goals["mdeq_bf16_step_ratio"][1] is False
+    assert goals["lm_bf16_f_tflops"] == [160.0, True]
+    assert goals["mdeq_bf16_solves_end_by_tol_or_floor"] == [20, False]
+    assert goals["bpc_bf16_minus_default"][1] is False  # 0.03 > 0.02
+    assert goals["tpu_default_arithmetic_trains_without_burn"] == [7.5, True]
+    assert (tmp_path / "table.md").read_text().count("|") > 50
+
+
+@pytest.mark.slow
+def test_precision_script_runs_its_smoke_size_and_writes_the_table(tmp_path):
+    corpus = write_corpus(tmp_path / "plays.txt")
+    out = tmp_path / "out"
+    _run_script(
+        "precision.sh",
+        str(out),
+        os.path.dirname(corpus),
+        SIZE="smoke",
+        ROUNDS="1",
+        TRAIN_SECONDS="60",
+        EVAL_BATCHES="2",
+        STAGES="lm train",
+    )
+    table = json.loads((out / "table.json").read_text())
+    assert [(r["model"], r["precision"]) for r in table["steps"]] == [
+        ("lm", "default"),
+        ("lm", "bfloat16"),
+    ]
+    assert table["steps"][1]["floor"] is not None and table["steps"][0]["floor"] is None
+    assert set(table["training"]) == {"default", "bfloat16"}
+    assert all(run["valid_bpc"] > 0 for run in table["training"].values())
