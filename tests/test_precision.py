@@ -422,3 +422,22 @@ def test_training_with_bfloat16_cells_decreases_the_loss(tmp_path):
     f32 = _train_losses(tmp_path, "default")
     assert bf16[-1] < 0.6 * bf16[0]
     np.testing.assert_allclose(bf16, f32, rtol=0.1)
+
+
+def test_a_run_says_once_when_its_tolerance_is_below_the_floor():
+    from deq_jax.training.floor_notice import FloorNotice
+
+    lines = []
+    notice = FloorNotice(1e-3, BF16, lines.append)
+    assert not notice.check(10, {"loss": 1.0})  # no floor measured: float32
+    assert not notice.check(20, {"floor": 5e-4, "at_floor": 0.0})  # below the tolerance
+    assert notice.check(30, {"floor": 2.4e-3, "at_floor": 0.75, "bwd_at_floor_fraction": 1.0})
+    assert not notice.check(40, {"floor": 3e-3, "at_floor": 1.0})  # once per run
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert (
+        "step 30" in lines[0]
+        and "2.4e-03" in lines[0]
+        and "2e-03" in lines[0]
+        and "75%" in lines[0]
+    )
+    assert "deq.solver.tol" in lines[0] and "deq.precision=float32" in lines[0]

@@ -27,6 +27,7 @@ import numpy as np
 
 from deq_jax.training.evaluate import short_metrics, weights_to_score
 from deq_jax.training.family import Family
+from deq_jax.training.floor_notice import FloorNotice
 from deq_jax.training.nonfinite import SKIPPED, NonFiniteSteps, logged
 from deq_jax.training.preemption import StopRequests
 from deq_jax.training.selection import BestCheckpoint, SelectionRule
@@ -127,6 +128,7 @@ class Loop:
         self.progress = ProgressLogger(config.train.steps, run.start_step, emit=emit)
         limit = config.train.max_nonfinite_steps
         self.nonfinite = NonFiniteSteps(limit, run.checkpointer, emit, family.advice)
+        self.floor_notice = FloorNotice(config.deq.solver.tol, config.deq.precision, emit)
         self.periodic_splits = tuple(config.eval.splits) or tuple(run.task.eval_splits)
         self.eval_metrics: dict[str, dict] = {}
         self.report_extra: dict[str, Any] = {}
@@ -246,6 +248,7 @@ class Loop:
                 mean = interval_mean(history, family.sparse_metrics)
                 self.writer.write(step, "train", mean)
                 self.progress.line(step, mean)
+                self.floor_notice.check(step, mean)
                 history = []
             if self.stop.reached(step):  # every process asks at every step
                 return self.stop_after(step)
