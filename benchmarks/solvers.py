@@ -30,6 +30,11 @@ A quick run:
 
   python -m benchmarks.solvers --width 32 --batch 8 --repeats 2 --output /tmp/b.jsonl
 
+The loop's fixed cost against jaxopt on the easy problem, interleaved
+(`benchmarks.loop_cost`; the tolerance 1e-4 per sample):
+
+  python -m benchmarks.solvers --loop_cost --tols 1e-4 --repeats 41
+
 The composed solvers against their parts (on ``norm<value>`` problems):
 ``benchmarks/composed.py``.
 """
@@ -49,6 +54,7 @@ import optax
 from absl import app, flags
 
 import deq_jax as dj
+from benchmarks.loop_cost import loop_cost
 from benchmarks.solver_problems import cell, header, json_lines, make_problem
 
 _WIDTH = flags.DEFINE_integer("width", 256, "State width D.")
@@ -62,6 +68,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 7, "Timed runs per measurement (media
 _SEED = flags.DEFINE_integer("seed", 0, "Random seed of the problem.")
 _MEMORY_BUDGETS = flags.DEFINE_list("memory_budgets", ["30", "120"], "max_iter for memory.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON lines path (a PNG is written beside).")
+_LOOP_COST = flags.DEFINE_bool(
+    "loop_cost", False, "Only the loop's fixed cost against jaxopt, interleaved (loop_cost.py)."
+)
 
 
 def timed(fn, *args, repeats: int) -> tuple[float, object]:
@@ -296,6 +305,11 @@ def main(argv):
     del argv
     with json_lines(_OUTPUT.value) as emit:
         emit(header(_WIDTH.value, _BATCH.value, _MAX_ITER.value, _REPEATS.value))
+        if _LOOP_COST.value:
+            for tol in map(float, _TOLS.value):
+                for row in loop_cost(_WIDTH.value, _BATCH.value, tol, _REPEATS.value):
+                    emit(row)
+            return
         traces = run_all(emit)
     if _OUTPUT.value:
         png = os.path.splitext(_OUTPUT.value)[0] + "_residuals.png"
