@@ -268,9 +268,16 @@ def table(name: str, rows: list) -> str:
         "grad_cos",
         "grad_cos_ref",
     )
-    fmt = lambda v: "-" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+
+    def fmt(key, v):
+        if v is None:
+            return "-"
+        if key.startswith("grad_cos"):
+            return f"{v:.6f}"
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
     lines = [f"{name}", "| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
-    lines += ["| " + " | ".join(fmt(row[k]) for k in keys) + " |" for row in rows]
+    lines += ["| " + " | ".join(fmt(k, row[k]) for k in keys) + " |" for row in rows]
     return "\n".join(lines)
 
 
