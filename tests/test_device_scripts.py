@@ -83,6 +83,7 @@ def test_precision_script_dry_run_prints_every_stage(tmp_path):
     assert len(trains) == len(evals) == 2
     assert all("--config.task.path=/corpus" in line for line in trains + evals)
     assert all("--checkpoint=last" in line for line in evals)
+    assert any("-m benchmarks.solvers --loop_cost" in line for line in lines)
 
 
 def test_precision_table_reads_the_records_and_judges_the_goals(tmp_path):

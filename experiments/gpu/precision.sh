@@ -5,7 +5,7 @@
 #
 #   bash experiments/gpu/precision.sh OUT_DIR [SHAKESPEARE_DIR]
 #
-# Stages (STAGES, default "lm mdeq twins train"; about 7 minutes on an H200 with the
+# Stages (STAGES, default "lm mdeq twins train loop"; about 7 minutes on an H200 with the
 # defaults; each stage has a time limit, so the script ends with its logs and table):
 #   lm     `benchmarks.step_time` of the GPU-sized LM (d_model 512, 8 heads of 64,
 #          d_inner 2,048, batch 64 x 256, memory 256; the twins' solver settings), in
@@ -21,7 +21,9 @@
 #          precision (a weight-tied warm-up of PRETRAIN steps, default 200, then the
 #          DEQ; stopped by SIGTERM, which saves a checkpoint there), then its valid bpc
 #          (`launch.evaluate --checkpoint=last`). The issue's five minutes:
-#          STAGES=train TRAIN_SECONDS=300 (about 11 minutes; its own call).
+#          STAGES=train TRAIN_SECONDS=300 (about 11 minutes; its own call);
+#   loop   the solver loop's fixed cost against jaxopt on the easy tanh problem
+#          (`python -m benchmarks.solvers --loop_cost`; skipped where jaxopt is missing).
 # Precision bfloat16 is the TPU's default arithmetic (one bfloat16 pass per float32
 # matmul, emulated here by casting): its train run is the check that such a run trains
 # without burning its budget. Then `experiments.precision.gpu_table OUT_DIR` writes
@@ -35,7 +37,7 @@ corpus=${2:-$HOME/.cache/deq_jax/shakespeare}
 py=${PYTHON:-python3}
 twin_py=${TWIN_PYTHON:-$py}
 twins=${TWINS_DIR:-../shared/benchmarks/torch_twins}
-stages=${STAGES:-lm mdeq twins train}
+stages=${STAGES:-lm mdeq twins train loop}
 rounds=${ROUNDS:-2}
 size=${SIZE:-gpu}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
@@ -124,8 +126,16 @@ for stage in $stages; do
           --max_batches="${EVAL_BATCHES:-40}" --output "$out/eval_$precision.json"
       done
       ;;
+    loop)
+      if [[ -z ${DRY_RUN:-} ]] && ! "$py" -c "import jaxopt" 2>/dev/null; then
+        stamp "loop skipped: jaxopt is not importable by $py"
+        continue
+      fi
+      run "${LOOP_SECONDS:-120}" "$out/loop_cost.log" "$py" -m benchmarks.solvers --loop_cost \
+        --tols 1e-4 --repeats 41 --output "$out/loop_cost.jsonl"
+      ;;
     *)
-      echo "Unknown stage $stage: lm, mdeq, twins or train." >&2
+      echo "Unknown stage $stage: lm, mdeq, twins, train or loop." >&2
       exit 2
       ;;
   esac

@@ -4,7 +4,8 @@ GPU, against the torchdeq twins, and the goals of issue 78 met or not.
 Reads ``OUT_DIR/steps.jsonl`` (`benchmarks.step_time` records tagged
 ``{lm,mdeq}_{default,bfloat16}_{round}``), ``OUT_DIR/twin.jsonl`` (the twins' records
 tagged ``{lm,mdeq}_tf32_{0,1}``), and per precision ``OUT_DIR/train_{precision}.log``
-and ``eval_{precision}.json`` (the Shakespeare runs); any of them may be missing. Writes
+and ``eval_{precision}.json`` (the Shakespeare runs), and ``loop_cost.jsonl`` (the
+solver loop against jaxopt); any of them may be missing. Writes
 ``OUT_DIR/table.md`` and ``OUT_DIR/table.json`` and prints the markdown::
 
     python -m experiments.precision.gpu_table /tmp/precision
@@ -174,10 +175,13 @@ def main(argv: list[str]) -> dict[str, Any]:
     twins = read_jsonl(os.path.join(out, "twin.jsonl"))
     trained = training(out)
     met = goals(rows, trained)
+    loop = [r for r in read_jsonl(os.path.join(out, "loop_cost.jsonl")) if "measurement" in r]
     text = markdown(rows, twins, trained, met)
+    for row in loop:  # the solver loop against jaxopt (benchmarks.loop_cost)
+        text += "\n" + json.dumps(row)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text + "\n")
-    result = dict(steps=rows, training=trained, goals=met)
+    result = dict(steps=rows, training=trained, goals=met, loop_cost=loop)
     with open(os.path.join(out, "table.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(text)
