@@ -58,7 +58,11 @@ Sections:
     `jax.distributed.initialize()` first, for multi-host runs; ``coordinator_address``,
     ``num_processes`` and ``process_id`` are auto-detected on TPU pods and SLURM when
     left empty, 0 and -1; ``heartbeat_timeout_s`` bounds how long the other processes
-    wait after one dies).
+    wait after one dies). ``mesh`` sizes the device mesh's axes ``data``, ``fsdp`` and
+    ``tensor`` (-1: the devices left over; `deq_jax.training.mesh`): the batch is split
+    over data x fsdp, the parameters and optimiser state over fsdp (arrays of at least
+    ``fsdp_min_size`` entries), and the features each model's partition rules name over
+    tensor (`deq_jax.training.partition`), e.g. ``--config.train.mesh.fsdp=8``.
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget (on every batch of each split, or
@@ -318,6 +322,8 @@ def get_config() -> ConfigDict:
             num_processes=0,
             process_id=-1,
             heartbeat_timeout_s=100,
+            mesh=dict(data=-1, fsdp=1, tensor=1),
+            fsdp_min_size=4096,
         )
     )
 

@@ -8,7 +8,8 @@ them and every other entry point (`launch.evaluate`, `launch.sample`,
 naming an unknown field fails before anything runs (`validate_argv`, called by `run`),
 naming the valid fields of its section; a config the library refuses fails in one
 ``FATAL`` line (`checked_config`), and so does any other start-up error a user can
-cause (`user_errors`: missing or malformed data, a workdir holding another model's
+cause (`user_errors`: a mesh or batch size that does not fit the devices, missing or
+malformed data, a workdir holding another model's
 checkpoints or only damaged ones, a workdir that is a file, not writable or held by
 another live run; and a checkpoint that could not be written).
 """
@@ -33,6 +34,7 @@ from deq_jax.training.checkpoint import (
     CheckpointUnreadableError,
 )
 from deq_jax.training.lm_setup import VocabularyMismatchError
+from deq_jax.training.mesh import ConfigError
 from deq_jax.training.setup import check_config
 from deq_jax.training.workdir import WorkdirError, WorkdirLockedError
 from deq_jax.training.writers import write_json
@@ -52,6 +54,7 @@ _PREFIXES = ("--config.", "-config.", "--noconfig.", "-noconfig.")
 # is wrong and how to fix it. A new library error of that kind is added here, with its
 # words.
 USER_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
+    (ConfigError, "config error"),
     (DataError, "data error"),
     (CheckpointMismatchError, "checkpoint error"),
     (CheckpointUnreadableError, "checkpoint error"),

@@ -152,7 +152,9 @@ def test_batch_size_must_split_over_devices():
     mesh = sharding.make_mesh()
     n = mesh.devices.size
     sharding.check_batch_size(4 * n, mesh)
-    with pytest.raises(ValueError, match=rf"train.batch_size=0 .*number of devices \({n}"):
+    with pytest.raises(
+        ValueError, match=rf"train.batch_size=0 must be a multiple of data x fsdp = {n}"
+    ):
         sharding.check_batch_size(0, mesh)
 
 

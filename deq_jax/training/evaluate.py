@@ -1,7 +1,9 @@
 """Evaluation on any split and solver budget, and the per-length accuracy report.
 
 `Evaluator` runs one full ordered pass over a split (padding rows masked out) with a
-jitted eval step per solver budget. `length_report` evaluates every eval split at
+jitted eval step per solver budget; a batch size that data x fsdp does not divide is
+padded with masked rows (`deq_jax.training.sharding.pad_rows`), so every config's
+``eval.batch_size`` runs on any device count. `length_report` evaluates every eval split at
 several multiples of the train budget: for prefix sums, the bit and whole-string
 accuracy per test length, showing whether extra test-time iterations help on longer
 inputs (the path-independence experiment of Anil et al.).
@@ -67,8 +69,9 @@ class Evaluator:
     Args:
       model: the linen model (see `deq_jax.training.steps`).
       task: a `deq_jax.tasks` task (``eval_iterator``, ``metrics``).
-      mesh: the data-parallel mesh.
-      batch_size: the global eval batch size (a multiple of the device count).
+      mesh: the run's mesh.
+      batch_size: the global eval batch size (the examples of a batch; padded with
+        masked rows to a multiple of data x fsdp).
       max_batches: evaluate at most this many batches per split (0: all).
       settle: when a sample's solve also stops on its decoded answer
         (`SettleRule`; ``None``: never).
@@ -83,7 +86,7 @@ class Evaluator:
         max_batches: int = 0,
         settle: SettleRule | None = None,
     ):
-        sharding.check_batch_size(batch_size, mesh, "eval.batch_size")
+        self.rows = sharding.local_padded_rows(batch_size, mesh)
         self.model, self.task, self.mesh = model, task, mesh
         self.batch_size, self.max_batches = batch_size, max_batches
         self.settle = settle or SettleRule()
@@ -125,7 +128,8 @@ class Evaluator:
         if self.max_batches:
             batches = itertools.islice(batches, self.max_batches)
         extras = tuple(getattr(self.task, "batch_extras", ()))
-        results = [step(state, device_batch(b, self.mesh, extras)) for b in batches]
+        padded = (sharding.pad_rows(b, self.rows) for b in batches)
+        results = [step(state, device_batch(b, self.mesh, extras)) for b in padded]
         return metrics.combine_split(self.task, jax.device_get(results))
 
     def evaluate_splits(

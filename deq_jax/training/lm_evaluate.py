@@ -64,17 +64,19 @@ class StreamEvaluator:
     Args:
       model: the language model.
       task: the text task (``eval_iterator``, ``summarize``).
-      mesh: the data-parallel mesh.
-      batch_size: the global eval batch size (rows of the stream).
+      mesh: the run's mesh.
+      batch_size: the global eval batch size (rows of the stream; padded with masked
+        rows to a multiple of data x fsdp).
       seq_len: tokens per segment.
       max_batches: evaluate at most this many segments per split (0: the whole split).
     """
 
     def __init__(self, model, task, mesh, batch_size: int, seq_len: int, max_batches: int = 0):
-        sharding.check_batch_size(batch_size, mesh, "eval.batch_size")
         self.model, self.task, self.mesh = model, task, mesh
         self.batch_size, self.seq_len, self.max_batches = batch_size, seq_len, max_batches
-        self._template = jax.tree_util.tree_map(np.asarray, model.init_mems(batch_size))
+        self.rows = sharding.local_padded_rows(batch_size, mesh)
+        self.padded = sharding.padded_batch_size(batch_size, mesh)
+        self._template = jax.tree_util.tree_map(np.asarray, model.init_mems(self.padded))
         self._steps: dict[int | None, Callable[..., Any]] = {}
 
     def _step(self, max_iter: int | None):
@@ -114,7 +116,7 @@ class StreamEvaluator:
           with ``keep``, also ``kept_nll`` (nats per kept token) and ``kept_tokens``.
         """
         step = self._step(max_iter)
-        mems = place_memory(self._template, self.mesh, self.batch_size)
+        mems = place_memory(self._template, self.mesh, self.padded)
         totals: dict[str, float] = {}
         records: list[dict[str, float]] = []
         seconds, timed_tokens = 0.0, 0.0
@@ -135,6 +137,7 @@ class StreamEvaluator:
             if self.max_batches and i >= self.max_batches:
                 break
             began = time.perf_counter()
+            batch = sharding.pad_rows(batch, self.rows, mask_keys=("mask", "keep"))
             batch = lm_device_batch(batch, self.mesh, self.model.vocab_size)
             mems, sums = step(state, mems, batch)
             sums = jax.device_get(sums)

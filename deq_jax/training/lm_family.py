@@ -39,6 +39,7 @@ from deq_jax.training.lm_setup import setup_language_model
 from deq_jax.training.lm_steps import make_lm_train_step, place_memory
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.setup import Run
+from deq_jax.training.sharding import shardings_of
 from deq_jax.training.state import TrainState
 from deq_jax.training.writers import write_json
 
@@ -83,7 +84,12 @@ class LanguageModelFamily(Family):
         net = warmup_model(model, tc.pretrain_steps) if warmup else model
         template = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
         train_step = make_lm_train_step(
-            net, run.schedule, run.mesh, template, regularizer=self.regularizer
+            net,
+            run.schedule,
+            run.mesh,
+            template,
+            regularizer=self.regularizer,
+            state_sharding=shardings_of(run.state),
         )
         evaluator = StreamEvaluator(
             net, run.task, run.mesh, ec.batch_size, ec.seq_len or tc.seq_len, ec.max_batches

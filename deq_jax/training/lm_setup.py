@@ -21,11 +21,11 @@ import numpy as np
 import optax
 
 from deq_jax.tasks.text import Vocabulary
-from deq_jax.training import build, sharding
+from deq_jax.training import build
 from deq_jax.training.checkpoint import Checkpointer
 from deq_jax.training.lm_steps import place_memory
 from deq_jax.training.optim import make_optimizer
-from deq_jax.training.setup import Run, make_checkpointer, prepare_run
+from deq_jax.training.setup import Run, make_checkpointer, place, prepare_run
 from deq_jax.training.state import TrainState
 from deq_jax.training.writers import write_text
 
@@ -123,11 +123,12 @@ def setup_language_model(config: Any, workdir: str) -> Run:
         model_fields(config, task.vocab_size), build.build_deq_spec(config.deq)
     )
     tx, schedule = make_optimizer(tc)
-    # The template in this run's layout, the state replicated and the memory split along
-    # the batch: the checkpoint is read straight into it, whatever the device and
-    # process counts that saved it (orbax refuses a template without shardings once
-    # the devices differ, and a restored array cannot be copied across hosts).
-    state = sharding.replicate(init_state(model, tx, tc.seq_len, tc.seed), mesh)
+    # The template in this run's layout, the state placed by the partition rules and the
+    # memory split along the batch: the checkpoint is read straight into it, whatever
+    # the mesh, device and process counts that saved it (orbax refuses a template
+    # without shardings once the devices differ, and a restored array cannot be copied
+    # across hosts).
+    state = place(init_state(model, tx, tc.seq_len, tc.seed), config, mesh)
     fresh = jax.tree_util.tree_map(np.asarray, model.init_mems(tc.batch_size))
     template = {"state": state, "mems": place_memory(fresh, mesh, tc.batch_size)}
     ckpt = make_checkpointer(config, workdir)

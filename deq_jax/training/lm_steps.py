@@ -60,8 +60,8 @@ LN2 = math.log(2.0)
 
 
 def memory_shardings(mems: Any, mesh: Mesh, batch_size: int) -> Any:
-    """Shardings of a memory pytree: leaves with the batch axis first are split along the
-    data axis like the tokens, the rest (e.g. the count of filled slots) replicated."""
+    """Shardings of a memory pytree: leaves with the batch axis first are split over
+    data x fsdp like the tokens, the rest (e.g. the count of filled slots) replicated."""
     data, repl = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     return jax.tree_util.tree_map(
         lambda x: data if np.ndim(x) and np.shape(x)[0] == batch_size else repl, mems
@@ -138,14 +138,17 @@ def make_lm_train_step(
     mem_template: Any,
     *,
     regularizer: JacobianRegularizer | None = None,
+    state_sharding: Any = None,
 ) -> Callable[..., tuple[TrainState, Any, dict[str, jax.Array]]]:
     """Builds ``train_step(state, mems, batch) -> (state, mems, metrics)``, jitted.
 
     Args:
       model: the language model (see the module docstring).
       schedule: the learning-rate schedule, reported as ``learning_rate``.
-      mesh: the data-parallel mesh.
+      mesh: the run's mesh; tokens and memory are split over data x fsdp.
       mem_template: a memory of the global batch (fixes the memory's shardings).
+      state_sharding: the shardings of the state (`sharding.shardings_of` a placed
+        state); ``None``: replicated.
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         With ``jacobian_freq < 1`` or a ``jacobian_stop_step`` a `jax.lax.cond` on the
         step's draw (`JacobianRegularizer.draw`) runs the regularised or the plain
@@ -204,11 +207,12 @@ def make_lm_train_step(
         return state, finite_memory(aux["mems"], mems), metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    placed = repl if state_sharding is None else state_sharding
     mem = memory_shardings(mem_template, mesh, _batch_of(mem_template))
     return jax.jit(
         train_step,
-        in_shardings=(repl, mem, data),
-        out_shardings=(repl, mem, repl),
+        in_shardings=(placed, mem, data),
+        out_shardings=(placed, mem, repl),
         donate_argnums=(0, 1),
     )
 
@@ -265,7 +269,7 @@ def make_lm_eval_step(
     mem = memory_shardings(mem_template, mesh, _batch_of(mem_template))
     return jax.jit(
         eval_step,
-        in_shardings=(repl, mem, data),
+        in_shardings=(None, mem, data),  # the state where it lies
         out_shardings=(mem, repl),
         donate_argnums=1 if donate else (),
     )

@@ -16,11 +16,17 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 import optax
+from absl import logging
 from jax.sharding import Mesh
 
 from deq_jax.training import build, sharding
 from deq_jax.training.checkpoint import Checkpointer, saved_steps
+from deq_jax.training.config_checks import check_mesh_section, check_ranges, model_section
+from deq_jax.training.interventions import PathIndependence
+from deq_jax.training.mesh import TENSOR, axis_size
 from deq_jax.training.optim import make_optimizer
+from deq_jax.training.partition import MIN_SIZE, check_tensor_sizes, rules_for
+from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.workdir import WorkdirLock, ensure_workdir, lock_workdir
 
@@ -29,11 +35,12 @@ class Run(NamedTuple):
     """The components of a run.
 
     Attributes:
-      mesh: the data-parallel mesh over all devices.
+      mesh: the run's mesh over all devices (`deq_jax.training.mesh`).
       task: the `deq_jax.tasks` task.
       model: the linen model.
       schedule: the learning-rate schedule.
-      state: the train state, restored if the workdir had a checkpoint, replicated.
+      state: the train state, restored if the workdir had a checkpoint, placed on the
+        mesh by the model's partition rules (`place_state`).
       start_step: the restored step (0 for a fresh run).
       checkpointer: the workdir's `Checkpointer`.
       carry: what the training loop threads from step to step (``None`` for the
@@ -53,7 +60,9 @@ class Run(NamedTuple):
 def check_config(config: Any, workdir: str) -> None:
     """Checks what can be checked before anything is created or generated: the workdir
     is named, the config has the current layout, the DEQ's solver and backward mode
-    exist with valid keywords, and the batch sizes and checkpoint settings are positive.
+    exist with valid keywords, every numeric field of ``train``, ``eval``, ``ckpt`` and
+    ``log`` lies in its range (`deq_jax.training.config_checks`), the regulariser's and
+    the interventions' fields too, and ``train.mesh`` names valid axes and sizes.
 
     Raises:
       ValueError: naming the config key (or ``--workdir``) and the fix.
@@ -65,15 +74,10 @@ def check_config(config: Any, workdir: str) -> None:
         )
     build.check_layout(config)
     build.build_deq_spec(config.deq)
-    positive = [
-        ("train.batch_size", config.train.get("batch_size", 1)),
-        ("eval.batch_size", config.get("eval", {}).get("batch_size", 1)),
-        ("ckpt.every_steps", config.get("ckpt", {}).get("every_steps", 1)),
-        ("ckpt.keep", config.get("ckpt", {}).get("keep", 1)),
-    ]
-    for key, value in positive:
-        if value < 1:
-            raise ValueError(f"config.{key}={value} must be at least 1 (--config.{key}=...).")
+    check_ranges(config)
+    check_mesh_section(config)
+    JacobianRegularizer.from_config(config.get("regularizer", {}))
+    PathIndependence.from_config(config.get("path_independence", {}))
 
 
 def _initialize_distributed(config: Any) -> None:
@@ -89,31 +93,63 @@ def _initialize_distributed(config: Any) -> None:
 
 def begin_run(config: Any, workdir: str, emit: Callable[[str], None] = print) -> WorkdirLock | None:
     """What a training run does before anything else: checks the config
-    (`check_config`), joins the other processes (``train.distributed``), creates the
-    workdir and takes its lock (`deq_jax.training.workdir.lock_workdir`).
+    (`check_config`), joins the other processes (``train.distributed``), checks the
+    mesh against the devices (`run_mesh`), creates the workdir and takes its lock
+    (`deq_jax.training.workdir.lock_workdir`).
 
     Returns:
       The lock (process 0; ``None`` on the others), to be released when the run ends.
     """
     check_config(config, workdir)
     _initialize_distributed(config)
+    run_mesh(config)  # the mesh's errors before the workdir is created
     return lock_workdir(workdir, emit)
+
+
+def run_mesh(config: Any) -> Mesh:
+    """The mesh of ``config.train.mesh`` over every device, checked against the model
+    and the batch size.
+
+    Raises:
+      ConfigError: for sizes that do not multiply to the device count, a tensor size
+        that does not divide the model's heads or channels, or a batch size that
+        data x fsdp do not divide (`deq_jax.training.mesh`).
+    """
+    tc = config.train
+    section = tc.get("mesh", None)
+    mesh = sharding.make_mesh(section.to_dict() if hasattr(section, "to_dict") else section)
+    check_tensor_sizes(model_section(config), axis_size(mesh, TENSOR))
+    sharding.check_batch_size(tc.batch_size, mesh)
+    return mesh
+
+
+def place(state: Any, config: Any, mesh: Mesh) -> Any:
+    """``state`` on ``mesh`` by the partition rules of ``config.model.name`` and
+    ``config.train.fsdp_min_size`` (`deq_jax.training.partition`)."""
+    min_size = config.train.get("fsdp_min_size", MIN_SIZE)
+    return sharding.place_state(state, mesh, rules_for(config.model.get("name")), min_size)
 
 
 def prepare_run(config: Any, workdir: str) -> tuple[Mesh, Any]:
     """What every training run does first: checks the config (`check_config`), joins
     the other processes (``train.distributed``), makes the device mesh and checks the
-    batch size against it, then creates ``workdir``, builds the task and prepares its
-    data.
+    model and the batch size against it (`run_mesh`), then creates ``workdir``, builds
+    the task and prepares its data.
 
     Returns:
       ``(mesh, task)``.
     """
     check_config(config, workdir)
-    tc = config.train
     _initialize_distributed(config)
-    mesh = sharding.make_mesh()
-    sharding.check_batch_size(tc.batch_size, mesh)
+    mesh = run_mesh(config)
+    tensor = axis_size(mesh, TENSOR)
+    if tensor > 1 and not rules_for(config.model.get("name")):
+        logging.warning(
+            "config.train.mesh.tensor=%d, but model %s has no tensor partition rules "
+            "(deq_jax.training.partition.RULES): each tensor group computes the same rows.",
+            tensor,
+            config.model.get("name"),
+        )
     ensure_workdir(workdir)
     task = build.build_task(config.task, workdir)
     sharding.lead_first(task.prepare, "deq_jax:prepare_data")  # one writer of {workdir}/data
@@ -141,8 +177,8 @@ def setup(config: Any, workdir: str) -> Run:
       A `Run`.
 
     Raises:
-      ValueError: for an invalid config or a batch size that does not split evenly
-        over the devices.
+      ValueError: for an invalid config or a mesh or batch size that does not fit the
+        devices.
       CheckpointMismatchError: if the workdir's checkpoint does not fit the model.
     """
     tc = config.train
@@ -151,9 +187,10 @@ def setup(config: Any, workdir: str) -> Run:
     tx, schedule = make_optimizer(tc)
     sample = np.zeros((1, *task.input_shape), np.float32)
     state = create_train_state(model, tx, sample, jax.random.PRNGKey(tc.seed))
-    # Restore straight into the replicated layout: on several processes a checkpoint
-    # restored onto one device could not be replicated afterwards (no cross-host copy).
-    state = sharding.replicate(state, mesh)
+    # Restore straight into the run's layout: on several processes a checkpoint restored
+    # onto one device could not be placed afterwards (no cross-host copy), and a
+    # checkpoint saved on another mesh is read into this one.
+    state = place(state, config, mesh)
     ckpt = make_checkpointer(config, workdir)
     state, start = ckpt.restore_or_init(state)
     return Run(

@@ -1,11 +1,15 @@
-"""Data parallelism: one mesh axis over every device, batch sharded, parameters replicated.
+"""Placing a run on its mesh, and the multi-host runtime.
 
 The train step is a plain `jax.jit` whose inputs carry `NamedSharding`s: the state is
-replicated (``P()``) and the batch split along its leading axis (``P("data")``). XLA's
-SPMD partitioner then runs each device on its slice and inserts the all-reduce that
-averages the gradients, so the step is written as if for one device. On several hosts
-(a TPU pod slice), `initialize_distributed` must run first; each process then feeds its
-own rows of the global batch and `shard_batch` assembles the global array.
+placed by the partition rules (`place_state`: parameters and optimiser state over
+``fsdp`` and ``tensor``, `deq_jax.training.partition`; replicated with the default
+mesh) and the batch split along its leading axis over data x fsdp (`shard_batch`,
+`deq_jax.training.mesh`). XLA's SPMD partitioner then runs each device on its slice,
+gathers the parameters where a layer needs them and reduces the gradients, so the step
+is written as if for one device. On several hosts (a TPU pod slice),
+`initialize_distributed` must run first; each process then feeds its own rows of the
+global batch and `shard_batch` assembles the global array. An evaluation batch that
+data x fsdp does not divide is padded with masked rows (`pad_rows`).
 
 References:
   JAX documentation, "Distributed arrays and automatic parallelization".
@@ -14,7 +18,7 @@ References:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -22,7 +26,16 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-DATA_AXIS = "data"
+from deq_jax.training.mesh import (  # noqa: F401 (re-exported: the run's placement in one place)
+    DATA,
+    batch_sharding,
+    check_batch_size,
+    make_mesh,
+    padded_batch_size,
+)
+from deq_jax.training.partition import MIN_SIZE, Rule, state_shardings
+
+DATA_AXIS = DATA
 
 
 def initialize_distributed(
@@ -120,40 +133,26 @@ def explain_peer_failure(process_count: int | None = None) -> Iterator[None]:
         ) from e
 
 
-def make_mesh(devices: Any = None) -> Mesh:
-    """A 1-D mesh named ``"data"`` over ``devices`` (default: all devices of all hosts)."""
-    devices = jax.devices() if devices is None else devices
-    return Mesh(np.asarray(devices), (DATA_AXIS,))
-
-
 def replicated(mesh: Mesh) -> NamedSharding:
-    """The sharding of parameters and optimiser state: a full copy on every device."""
+    """A full copy on every device (scalars, metrics; the state of a replicated run)."""
     return NamedSharding(mesh, PartitionSpec())
-
-
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """The sharding of a batch: split along the leading (example) axis."""
-    return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
-
-
-def check_batch_size(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> None:
-    """Fails unless the global ``batch_size`` splits evenly over the mesh's devices.
-
-    Raises:
-      ValueError: naming the config field, the batch size and the device count.
-    """
-    n = mesh.devices.size
-    if batch_size < 1 or batch_size % n:
-        raise ValueError(
-            f"{what}={batch_size} must be a positive multiple of the number of devices "
-            f"({n}, {jax.process_count()} process(es)): the batch is split evenly across "
-            f"devices. Use e.g. {what}={max(n, batch_size - batch_size % n)}."
-        )
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
     """Places every array of ``tree`` on all devices of ``mesh``."""
     return jax.device_put(tree, replicated(mesh))
+
+
+def place_state(tree: Any, mesh: Mesh, rules: Sequence[Rule] = (), min_size: int = MIN_SIZE):
+    """Places a train state (or any pytree of parameters) by the partition rules
+    (`deq_jax.training.partition.state_shardings`): over ``fsdp`` and ``tensor``,
+    replicated over ``data``."""
+    return jax.device_put(tree, state_shardings(tree, mesh, rules, min_size))
+
+
+def shardings_of(tree: Any) -> Any:
+    """The `jax.sharding.Sharding` of every array of ``tree`` (a placed state)."""
+    return jax.tree_util.tree_map(lambda x: x.sharding, tree)
 
 
 def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
@@ -162,12 +161,37 @@ def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array
     Args:
       batch: numpy arrays whose leading axis holds this process's share of the
         global batch (all of it on a single host).
-      mesh: the data-parallel mesh.
+      mesh: the run's mesh.
 
     Returns:
-      The same keys, as `jax.Array`s of the global batch sharded along axis 0.
+      The same keys, as `jax.Array`s of the global batch split along axis 0 over
+      data x fsdp (`deq_jax.training.mesh.batch_sharding`).
     """
     sharding = batch_sharding(mesh)
     return {
         k: jax.make_array_from_process_local_data(sharding, np.asarray(v)) for k, v in batch.items()
     }
+
+
+def pad_rows(batch: dict[str, Any], rows: int, mask_keys: Sequence[str] = ("mask",)) -> dict:
+    """``batch`` with ``rows`` rows: extra rows repeat row 0 with every ``mask_keys``
+    array False, so they count in no metric (an evaluation batch padded to a multiple of
+    data x fsdp). Keys that are not arrays with a batch axis pass through."""
+    n = next(len(v) for k, v in batch.items() if k in mask_keys)
+    if rows == n:
+        return batch
+    out = {}
+    for key, value in batch.items():
+        if np.ndim(value) == 0 or len(value) != n:
+            out[key] = value
+            continue
+        value = np.asarray(value)
+        extra = np.zeros_like(value[:1]) if key in mask_keys else value[:1]
+        out[key] = np.concatenate([value, np.repeat(extra, rows - n, axis=0)], axis=0)
+    return out
+
+
+def local_padded_rows(batch_size: int, mesh: Mesh) -> int:
+    """The rows of this process's part of an evaluation batch of ``batch_size`` once
+    padded to a multiple of data x fsdp (`pad_rows`)."""
+    return padded_batch_size(batch_size, mesh) // jax.process_count()

@@ -15,9 +15,9 @@ the forward ones. Penalties are terms (`deq_jax.regularizers.terms`) handed to t
 model's DEQ spec: the Jacobian regulariser's (`JacobianRegularizer`), the spectral hinge
 and the alignment penalty (`PathIndependence`); each sows per-sample values and the step
 adds ``weight * mean``. All steps are `jax.jit` functions whose inputs carry
-`NamedSharding`s (state replicated, batch split along the data axis;
-`deq_jax.training.sharding`), so XLA splits the work over devices and averages the
-gradients itself.
+`NamedSharding`s (the state replicated or placed by the partition rules, the batch
+split over data x fsdp; `deq_jax.training.sharding`), so XLA splits the work over
+devices, gathers the parameters and reduces the gradients itself.
 
 References:
   Bai, Koltun, Kolter, "Stabilizing Equilibrium Models by Jacobian Regularization",
@@ -213,6 +213,7 @@ def make_train_step(
     interventions: PathIndependence | None = None,
     extras: tuple[str, ...] = (),
     loss_fn: TaskLoss | None = None,
+    state_sharding: Any = None,
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds ``train_step(state, batch) -> (state, metrics)``, jitted over ``mesh``.
 
@@ -220,7 +221,7 @@ def make_train_step(
       model: the linen model (see the module docstring).
       metrics_fn: the task's metrics, ``(outputs, targets, mask, **extras) -> dict``.
       schedule: the learning-rate schedule, reported as ``learning_rate``.
-      mesh: the data-parallel mesh.
+      mesh: the run's mesh; the batch is split over data x fsdp.
       regression: mean squared error instead of cross-entropy (no ``accuracy``).
       regularizer: the Jacobian regulariser; ``None`` or a disabled one adds nothing.
         Its term counts on the steps its draw picks (`drawn_gradients`; on CPU devices,
@@ -233,6 +234,9 @@ def make_train_step(
       loss_fn: the task's loss (`TaskLoss`, e.g. `ClrsTask.loss`), called with the
         batch's ``inputs`` and ``extras`` as keywords; ``None``: the cross-entropy (or,
         with ``regression``, the squared error) over every output.
+      state_sharding: the shardings of the state (`sharding.shardings_of` a placed
+        state: parameters and optimiser state over fsdp and tensor); ``None``:
+        replicated.
 
     Per-example losses ``[B]`` a model sows as `AUX_LOSS` add their mean over the real
     examples (reported as ``aux_loss``); its `AUX_OUTPUTS` go to ``loss_fn``.
@@ -279,8 +283,9 @@ def make_train_step(
         return apply_update(state, result, metrics, schedule, reg, applied, aux["model_state"])
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    placed = repl if state_sharding is None else state_sharding
     return jax.jit(
-        train_step, in_shardings=(repl, data), out_shardings=(repl, repl), donate_argnums=0
+        train_step, in_shardings=(placed, data), out_shardings=(placed, repl), donate_argnums=0
     )
 
 
@@ -317,7 +322,8 @@ def make_spectral_step(
         return {"spectral_radius": masked_mean(rho, batch["mask"])}
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-    return jax.jit(spectral_step, in_shardings=(repl, data), out_shardings=repl)
+    # the state where it lies (replicated, or placed by the partition rules)
+    return jax.jit(spectral_step, in_shardings=(None, data), out_shardings=repl)
 
 
 def make_eval_step(
@@ -374,4 +380,5 @@ def make_eval_step(
         return metrics
 
     repl, data = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-    return jax.jit(eval_step, in_shardings=(repl, data), out_shardings=repl)
+    # the state where it lies (replicated, or placed by the partition rules)
+    return jax.jit(eval_step, in_shardings=(None, data), out_shardings=repl)

@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 
-from deq_jax.training import evaluate
+from deq_jax.training import evaluate, sharding
 from deq_jax.training.alternating import AlternatingSolver
 from deq_jax.training.family import Family, Phase, Step, warmup_model
 from deq_jax.training.interventions import PathIndependence
@@ -107,6 +107,7 @@ class TaskFamily(Family):
             interventions=None if warmup else self.interventions,
             extras=extras,
             loss_fn=getattr(task, "loss", None),
+            state_sharding=sharding.shardings_of(run.state),
         )
         spectral_step = make_spectral_step(
             model, mesh, self.regularizer.spectral_iters, extras=extras
