@@ -17,7 +17,7 @@ References:
 from deq_jax._forward_mode import forward_products
 from deq_jax.nn.cells import Conv1DCell, Conv2DCell, MLPCell
 from deq_jax.nn.conv import Conv, conv_general_dilated
-from deq_jax.nn.deq import DEQ, EquilibriumProblem, spec_of, with_terms
+from deq_jax.nn.deq import DEQ, EquilibriumProblem, spec_of, with_spec, with_terms
 from deq_jax.nn.dropout import VariationalDropout
 from deq_jax.nn.intercept import DEQCall, argmax_answer, deq_call, outputs_at, settled_apply
 from deq_jax.nn.norms import SpectralNorm, WeightNormConv, WeightNormDense, weight_norm_kernel
@@ -51,5 +51,6 @@ __all__ = [
     "spec_of",
     "state_like",
     "weight_norm_kernel",
+    "with_spec",
     "with_terms",
 ]

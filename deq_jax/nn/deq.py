@@ -261,8 +261,9 @@ class DEQ(nn.Module):
             rngs = None if key is None else {"dropout": key}
             cell = lambda z_c, v, x_c: module.apply(v, z_c, x_c, rngs=rngs)
             # spec.precision: the cell's arithmetic; the solver's state stays float32
-            return self.spec.in_precision(cell, z, cell_vars, x_in)
+            return self.spec.constrain_state(self.spec.in_precision(cell, z, cell_vars, x_in))
 
+        z0 = self.spec.constrain_state(z0)  # spec.state_sharding: rows like the activations
         return EquilibriumProblem(f, z0, (variables, x, dropout_key), solver)
 
 
@@ -298,6 +299,19 @@ def spec_of(model: nn.Module) -> DEQSpec | None:
         return model.spec
     spec = getattr(model, "deq", None)
     return spec if isinstance(spec, DEQSpec) else None
+
+
+def with_spec(model: nn.Module, **changes: Any) -> nn.Module:
+    """``model`` with its DEQ's spec changed (`DEQSpec.replace`): a `DEQ` (its ``spec``)
+    or a task model (its ``deq`` field); a model with neither is returned unchanged
+    (e.g. ``with_spec(model, state_sharding=...)``, how the train step places the
+    solve's state on the run's mesh).
+    """
+    spec = spec_of(model)
+    if spec is None or not changes:
+        return model
+    spec = spec.replace(**changes)
+    return model.clone(spec=spec) if isinstance(model, DEQ) else model.clone(deq=spec)
 
 
 def with_terms(model: nn.Module, terms: tuple[Term, ...]) -> nn.Module:

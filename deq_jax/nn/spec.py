@@ -19,6 +19,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
 from deq_jax.backward.base import Backward
 from deq_jax.backward.ift import ift
 from deq_jax.precision import check_precision, in_precision
@@ -69,6 +71,14 @@ class DEQSpec:
         per precision: ``docs/solvers_and_gradients.md``.
       floor_margin: a sample stops at ``max(tol, floor_margin * floor)``
         (`deq_jax.solvers.floor.Floor`); below 1 trades iterations for accuracy.
+      state_sharding: where the state's arrays lie on a device mesh, a
+        `jax.sharding.Sharding` for arrays with the batch axis first (e.g.
+        ``NamedSharding(mesh, P(("data", "fsdp")))``: each device a slice of the rows,
+        like the activations). It constrains the initial state and every output of the
+        cell (`constrain_state`), so the solver's state and history, built from those,
+        and the backward solve's state (the cotangent of the constrained output) lie the
+        same way, and a device iterates on its own rows only. ``None``: the compiler
+        chooses. `deq_jax.training` sets it from the run's mesh.
 
     Example::
 
@@ -86,6 +96,7 @@ class DEQSpec:
     terms: tuple[Term, ...] = ()
     precision: str = "default"
     floor_margin: float = 1.0
+    state_sharding: Any = None
 
     def __post_init__(self):
         object.__setattr__(self, "terms", check_terms(self.terms))
@@ -140,3 +151,12 @@ class DEQSpec:
         """``fn(z, *operands)`` computed in this spec's ``precision``
         (`deq_jax.precision.in_precision`): the cell of a DEQ's solve."""
         return in_precision(fn, self.precision)(z, *operands)
+
+    def constrain_state(self, z: Any) -> Any:
+        """``z`` (a state: every array with the batch axis first) constrained to
+        ``state_sharding`` (`jax.lax.with_sharding_constraint`); unchanged without one."""
+        if self.state_sharding is None:
+            return z
+        return jax.tree_util.tree_map(
+            lambda a: jax.lax.with_sharding_constraint(a, self.state_sharding), z
+        )

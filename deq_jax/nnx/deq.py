@@ -290,6 +290,7 @@ class DEQ(nnx.Module):
             cell_state, x_in, dropout_key = args
             cell = lambda z_c, s, x_c: merged(s, dropout_key)(z_c, x_c)
             # spec.precision: the cell's arithmetic; the solver's state stays float32
-            return self.spec.in_precision(cell, z, cell_state, x_in)
+            return self.spec.constrain_state(self.spec.in_precision(cell, z, cell_state, x_in))
 
+        z0 = self.spec.constrain_state(z0)  # spec.state_sharding: rows like the activations
         return EquilibriumProblem(f, z0, (state, x, key), solver)

@@ -39,10 +39,15 @@ class Phase(NamedTuple):
       step: the train `Step`.
       evaluator: has ``evaluate(state, split) -> metrics`` and a settable
         ``max_batches`` (0: the whole split).
+      lower: ``lower(state, carry, batch) -> jax.stages.Lowered``: the jitted train
+        step lowered for a host batch without running it (``state`` may hold
+        `jax.ShapeDtypeStruct`s with shardings); ``.compile()`` gives its HLO and
+        memory analysis (`deq_jax.training.footprint`).
     """
 
     step: Step
     evaluator: Any
+    lower: Callable[[TrainState, Any, dict[str, Any]], Any] | None = None
 
 
 class Family(abc.ABC):

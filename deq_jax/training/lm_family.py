@@ -94,7 +94,11 @@ class LanguageModelFamily(Family):
         evaluator = StreamEvaluator(
             net, run.task, run.mesh, ec.batch_size, ec.seq_len or tc.seq_len, ec.max_batches
         )
-        return Phase(self._step(train_step, template, run.mesh, model.vocab_size), evaluator)
+        lower = lambda state, mems, batch: train_step.lower(
+            state, mems, lm_device_batch(batch, run.mesh, model.vocab_size)
+        )
+        step = self._step(train_step, template, run.mesh, model.vocab_size)
+        return Phase(step, evaluator, lower)
 
     def _step(self, train_step, template: Any, mesh, vocab_size: int) -> Step:
         """The loop's `Step`: the memory cleared where the data starts a new epoch, the

@@ -167,6 +167,7 @@ def make_lm_train_step(
       apply, ``correction_loss``, ``jacobian_term`` (NaN on a step that skips it),
       ``jacobian_weight`` and ``jacobian_applied``.
     """
+    model = sharding.place_solve(model, mesh)  # the solve's state over data x fsdp
     reg = regularizer or JacobianRegularizer()
     jacobian = reg.jacobian_term()
     mode = getattr(model, "mode", "deq")
@@ -236,6 +237,7 @@ def make_lm_eval_step(
     argument is donated unless ``donate=False`` (to call the step again on it, as a
     benchmark does).
     """
+    model = sharding.place_solve(model, mesh)
 
     def eval_step(state: TrainState, mems: Any, batch: dict[str, jax.Array]):
         mask = batch["mask"]

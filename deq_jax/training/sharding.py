@@ -26,6 +26,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from deq_jax.nn.deq import with_spec
 from deq_jax.training.mesh import (  # noqa: F401 (re-exported: the run's placement in one place)
     DATA,
     batch_sharding,
@@ -148,6 +149,17 @@ def place_state(tree: Any, mesh: Mesh, rules: Sequence[Rule] = (), min_size: int
     (`deq_jax.training.partition.state_shardings`): over ``fsdp`` and ``tensor``,
     replicated over ``data``."""
     return jax.device_put(tree, state_shardings(tree, mesh, rules, min_size))
+
+
+def place_solve(model: Any, mesh: Mesh) -> Any:
+    """``model`` whose DEQ keeps its state, solver history and backward solve sharded
+    like the activations: the rows over data x fsdp (`deq_jax.nn.DEQSpec.state_sharding`,
+    the batch's sharding), each device iterating on its own rows. The features stay
+    whole over ``tensor``: the cells' tensor split (heads, inner channels) lives inside
+    the cell, whose output is the reduced (row-parallel) state. A model without a DEQ
+    is returned unchanged.
+    """
+    return with_spec(model, state_sharding=batch_sharding(mesh))
 
 
 def shardings_of(tree: Any) -> Any:

@@ -255,6 +255,7 @@ def make_train_step(
       Anil et al., "Path Independent Equilibrium Models Can Better Exploit Test-Time
       Computation", NeurIPS 2022.
     """
+    model = sharding.place_solve(model, mesh)  # the solve's state over data x fsdp
     reg = regularizer or JacobianRegularizer()
     pi = interventions or PathIndependence()
     jacobian = reg.jacobian_term()
@@ -305,7 +306,7 @@ def make_spectral_step(
       Regularization", ICML 2021.
     """
 
-    probe = with_terms(model, (SpectralRadius(iters=iters),))
+    probe = with_terms(sharding.place_solve(model, mesh), (SpectralRadius(iters=iters),))
 
     def spectral_step(state: TrainState, batch: dict[str, jax.Array]):
         rngs = {**state.step_rngs(*RNG_STREAMS), JACOBIAN_STREAM: step_key(state)}
@@ -354,6 +355,7 @@ def make_eval_step(
       The jitted step. ``metrics`` holds ``loss``, the task's metrics, the solver
       metrics and ``count`` (real examples in the batch), for `combine`.
     """
+    model = sharding.place_solve(model, mesh)
     loss_of = regression_loss if regression else classification_loss
     settle = settle or SettleRule()
     if settle.patience and regression:

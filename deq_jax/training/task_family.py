@@ -121,7 +121,10 @@ class TaskFamily(Family):
             settle=SettleRule.from_config(config.deq),
         )
         every = self.regularizer.spectral_every
-        return Phase(task_step(train_step, spectral_step, every, mesh, extras), evaluator)
+        lower = lambda state, carry, batch: train_step.lower(
+            state, evaluate.device_batch(batch, mesh, extras)
+        )
+        return Phase(task_step(train_step, spectral_step, every, mesh, extras), evaluator, lower)
 
     def refresh(self, step: int, start: int, state: TrainState) -> Any:
         if self.alternating is None or not self.alternating.due(step, start):
