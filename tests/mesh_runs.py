@@ -10,14 +10,17 @@ and returns each step's loss.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import sys
+from typing import Any
 
 import jax
 import numpy as np
 
 from configs import clrs, lm_shakespeare, mdeq_fashion_mnist, prefix_sum
-from deq_jax.models.mdeq.model import TINY
 from deq_jax.training import family_for, footprint
 
 STEPS = 20
@@ -37,7 +40,16 @@ COMMON = {
     "train.pretrain_steps": 0,
     "train.fsdp_min_size": 0,
 }
-MDEQ_TINY = {f"model.{k}": tuple(v) if isinstance(v, tuple) else v for k, v in TINY.items()}
+# The backward modes of the matrix, as overrides of any family's smoke config.
+BACKWARDS = {
+    "ift": {"deq.backward.name": "ift"},
+    "phantom": {"deq.backward.name": "phantom"},
+    "reversible": {
+        "deq.solver.name": "reversible",
+        "deq.backward.name": "reversible",
+        "deq.solver.full_budget": True,
+    },
+}
 
 
 def make_config(family: str, overrides: dict):
@@ -51,20 +63,64 @@ def make_config(family: str, overrides: dict):
     return config
 
 
-def train_losses(family: str, workdir: str, overrides: dict, steps: int = STEPS) -> list[float]:
-    """The losses of ``steps`` train steps of ``family``'s smoke config on this process's
-    devices, with ``overrides``."""
+def _train(family: str, workdir: str, overrides: dict, steps: int):
+    """``(family, run, state, carry, losses)`` after ``steps`` train steps."""
     config = make_config(family, overrides)
     fam = family_for(config, emit=lambda line: None)
     run = fam.setup(config, workdir)
     phase = fam.phase(config, run, run.model, warmup=False)
     batches = fam.train_batches(config, run)
     state, carry, losses = run.state, run.carry, []
-    for number in range(1, steps + 1):
+    for number in range(run.start_step + 1, run.start_step + steps + 1):
         state, carry, metrics = phase.step(state, carry, next(batches), number)
         losses.append(float(metrics["loss"]))
+    return fam, run, state, carry, losses
+
+
+def train_losses(family: str, workdir: str, overrides: dict, steps: int = STEPS) -> list[float]:
+    """The losses of ``steps`` train steps of ``family``'s smoke config on this process's
+    devices, with ``overrides``."""
+    _, run, _, _, losses = _train(family, workdir, overrides, steps)
     run.checkpointer.close()
     return losses
+
+
+def digest(tree: Any) -> str:
+    """A hash of every array of ``tree`` (its bytes, shape and dtype), fetched whole."""
+    h = hashlib.sha256()
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        x = np.asarray(jax.device_get(x))
+        h.update(f"{jax.tree_util.keystr(path)}{x.shape}{x.dtype}".encode())
+        h.update(x.tobytes())
+    return h.hexdigest()
+
+
+def checkpoint_hop(family: str, workdir: str, overrides: dict) -> dict:
+    """One hop of a checkpoint's journey across meshes. With ``overrides["source"]``
+    (a workdir), its checkpoints are copied into ``workdir`` and restored onto this
+    run's mesh; without, 2 steps are trained. Either way the state is then saved again
+    from this mesh's layout (the next hop reads that), and the hash of its parameters
+    and optimiser state is returned with the step and the bytes this process's devices
+    hold of the state (the most on one device, and the whole)."""
+    overrides = dict(overrides)
+    source = overrides.pop("source", None)
+    if source:
+        shutil.copytree(os.path.join(source, "checkpoints"), os.path.join(workdir, "checkpoints"))
+        for name in ("vocab.json",):
+            if os.path.exists(os.path.join(source, name)):
+                shutil.copy(os.path.join(source, name), workdir)
+    fam, run, state, carry, _ = _train(family, workdir, overrides, 0 if source else 2)
+    step = int(state.step)
+    run.checkpointer.maybe_save(step + 1, fam.checkpoint_item(state, carry), force=True)
+    run.checkpointer.close()
+    held = footprint.state_bytes((state.params, state.opt_state))
+    return {
+        "params": digest(state.params),
+        "opt_state": digest(state.opt_state),
+        "step": step,
+        "max_per_device": held["max_per_device"],
+        "total": held["total"],
+    }
 
 
 def solver_loops(family: str, workdir: str, overrides: dict) -> dict:
@@ -85,7 +141,7 @@ def solver_loops(family: str, workdir: str, overrides: dict) -> dict:
     }
 
 
-JOBS = {"losses": train_losses, "loops": solver_loops}
+JOBS = {"losses": train_losses, "loops": solver_loops, "checkpoint": checkpoint_hop}
 
 
 def main(argv: list[str]) -> None:

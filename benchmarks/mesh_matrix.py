@@ -1,0 +1,114 @@
+"""Every family's smoke training on 8 simulated CPU devices against 1 device, per mesh
+and backward mode: how far the 20 losses drift apart (issue 80's matrix).
+
+    python -m benchmarks.mesh_matrix --out /tmp/mesh_matrix.json
+
+Runs `tests/mesh_runs.py` in two processes (1 device; 8 devices, with
+``--xla_force_host_platform_device_count=8``) on the jobs of
+`tests/test_training_mesh.py`'s slow matrix (with the suite's XLA flags), and prints
+per job the relative deviation of the first loss, the largest over the 20 steps and the
+first step past 1e-4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from absl import app, flags
+
+from deq_jax.training.writers import write_json
+
+_OUT = flags.DEFINE_string("out", "", "Where to write the rows (JSON).")
+_FAMILIES = flags.DEFINE_list("families", ["prefix_sum", "lm", "mdeq", "clrs"], "Families.")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MESHES = {
+    "data 8": {"data": 8, "fsdp": 1, "tensor": 1},
+    "fsdp 8": {"data": 1, "fsdp": 8, "tensor": 1},
+    "data 2 x fsdp 4": {"data": 2, "fsdp": 4, "tensor": 1},
+    "fsdp 4 x tensor 2": {"data": 1, "fsdp": 4, "tensor": 2},
+}
+BACKWARDS = {
+    "ift": {"deq.backward.name": "ift"},
+    "phantom": {"deq.backward.name": "phantom"},
+    "reversible": {
+        "deq.solver.name": "reversible",
+        "deq.backward.name": "reversible",
+        "deq.solver.full_budget": True,
+    },
+}
+TENSOR_FAMILIES = ("lm", "mdeq")
+# The test suite's compilation flags (tests/conftest.py): the same programs as the tests.
+SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def matrix(families):
+    """``(family, mesh, backward)``: every mesh with ift, phantom and reversible on fsdp 8."""
+    for family in families:
+        for mesh in MESHES:
+            if mesh != "fsdp 4 x tensor 2" or family in TENSOR_FAMILIES:
+                yield family, mesh, "ift"
+        for backward in ("phantom", "reversible"):
+            yield family, "fsdp 8", backward
+
+
+def _run(jobs, devices: int) -> list[list[float]]:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    )
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])
+    script = os.path.join(ROOT, "tests", "mesh_runs.py")
+    proc = subprocess.run(
+        [sys.executable, script, json.dumps(jobs), "losses"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-4000:])
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT ") :])["results"]
+
+
+def main(argv) -> None:
+    del argv
+    cells = list(matrix(_FAMILIES.value))
+    with tempfile.TemporaryDirectory() as tmp:
+        refs = sorted({(f, b) for f, _, b in cells})
+        ones = [[f, f"{tmp}/{f}-{b}-1", dict(BACKWARDS[b])] for f, b in refs]
+        eights = [
+            [f, f"{tmp}/{f}-{b}-{i}-8", {**BACKWARDS[b], "train.mesh": MESHES[m]}]
+            for i, (f, m, b) in enumerate(cells)
+        ]
+        one = dict(zip(refs, _run(ones, 1), strict=True))
+        eight = _run(eights, 8)
+    rows = []
+    for (family, mesh, backward), losses in zip(cells, eight, strict=True):
+        ref = np.asarray(one[(family, backward)])
+        rel = np.abs(np.asarray(losses) / ref - 1)
+        past = np.flatnonzero(rel > 1e-4)
+        rows.append(
+            {
+                "family": family,
+                "mesh": mesh,
+                "backward": backward,
+                "first": float(rel[0]),
+                "max": float(rel.max()),
+                "first_step_past_1e-4": int(past[0]) + 1 if past.size else None,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    if _OUT.value:
+        write_json(_OUT.value, rows)
+
+
+if __name__ == "__main__":
+    app.run(main)
