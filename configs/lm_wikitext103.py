@@ -16,7 +16,13 @@ batch 56). ``:jacobian`` adds the regularised pre-LN recipe of
 ``wt103_deq_transformer_preln_reg.sh`` (pre-LN, Jacobian weight 2, 14 forward and
 backward steps, memory 300, the term on 40% of the steps). ``:smoke`` shrinks
 everything to a few steps of a tiny model (for tests, with a small file in the WikiText
-format).
+format). ``:large`` is the paper's model at d_model 768 in 12 heads of 64 (106.7M
+parameters against the paper size's 96.7M; its widths are multiples of 8, so an 8-way
+fsdp mesh splits the cell's matrices, where 700 leaves qkv and o_net whole): the >= 100M
+model whose memory per device docs/results/mesh.md measures, compiled without running::
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
+        python -m benchmarks.mesh_cost --parts memory --out /tmp/mesh_cost.json
 
 References:
   Bai, Kolter & Koltun, "Deep Equilibrium Models", NeurIPS 2019.
@@ -31,8 +37,9 @@ from configs import default, lm_shakespeare
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    """The WikiText-103 config; ``arg``: ``"smoke"``, ``"jacobian"`` or both (comma)."""
-    names = default.variants(arg, ("smoke", "jacobian"))
+    """The WikiText-103 config; ``arg``: ``"smoke"``, ``"jacobian"``, ``"large"``, or
+    several (comma)."""
+    names = default.variants(arg, ("smoke", "jacobian", "large"))
     config = lm_shakespeare.lm_config()
     config.task = ConfigDict(dict(name="wikitext", path="", data_dir=""))
     config.model = lm_shakespeare.get_config().model
@@ -65,6 +72,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.eval.update(dict(every_steps=5_000, batch_size=8, seq_len=150))
     config.ckpt.every_steps = 5_000
     config.log.every_steps = 200
+    if "large" in names:
+        config.model.update(dict(d_model=768, n_head=12, d_head=64))
     if "jacobian" in names:
         config.model.update(dict(ln_placement="pre", dropout=0.06, dropatt=0.01, mem_len=300))
         config.deq.update(dict(train_max_iter=14, eval_max_iter=14))
