@@ -1,11 +1,12 @@
 """Train steps of the smoke configs on any mesh, for `test_training_mesh.py` and the mesh
 benchmarks: one process runs a list of jobs on the devices it was started with.
 
-A job is ``(family, workdir, overrides)``: ``family`` one of `CONFIGS`, ``overrides``
-``{"section.field": value}`` (``train.mesh`` as ``{"data": .., "fsdp": .., "tensor": ..}``).
-`train_losses` runs ``steps`` train steps through the family's own step (the loop's
-`deq_jax.training.family.Phase.step`: the mesh, the partition rules, the sharded batch)
-and returns each step's loss.
+A job is ``(family, workdir, overrides[, kind])``: ``family`` one of `CONFIGS`,
+``overrides`` ``{"section.field": value}`` (``train.mesh`` as ``{"data": .., "fsdp": ..,
+"tensor": ..}``), ``kind`` one of `JOBS`: `train_losses` runs train steps through the
+family's own step (the loop's `deq_jax.training.family.Phase.step`: the mesh, the
+partition rules, the sharded batch) and returns each step's loss; `solver_loops` reads
+the compiled train step's loops; `checkpoint_hop` moves a checkpoint to this mesh.
 """
 
 from __future__ import annotations
@@ -146,11 +147,13 @@ JOBS = {"losses": train_losses, "loops": solver_loops, "checkpoint": checkpoint_
 
 def main(argv: list[str]) -> None:
     """``mesh_runs.py JOBS [KIND]``: runs ``JOBS`` (a JSON list of ``[family, workdir,
-    overrides]``) through the function ``JOBS[KIND]`` (default ``losses``) and prints one line
+    overrides]``, or ``[family, workdir, overrides, kind]``) in order through the
+    function ``JOBS[kind]`` (default ``KIND``, else ``losses``) and prints one line
     ``RESULT {"devices", "results"}``."""
-    run = JOBS[argv[2] if len(argv) > 2 else "losses"]
-    jobs = json.loads(argv[1])
-    results = [run(family, workdir, overrides) for family, workdir, overrides in jobs]
+    default = argv[2] if len(argv) > 2 else "losses"
+    results = []
+    for family, workdir, overrides, *kind in json.loads(argv[1]):
+        results.append(JOBS[kind[0] if kind else default](family, workdir, overrides))
     print("RESULT " + json.dumps({"devices": jax.device_count(), "results": results}))
 
 

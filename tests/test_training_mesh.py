@@ -10,8 +10,10 @@ slow. Measured deviations: docs/results/mesh.md.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from deq_jax.nn import DEQ, DEQSpec, with_spec
 from deq_jax.nn.cells import MLPCell
-from deq_jax.training import footprint, sharding
+from deq_jax.training import PREEMPTED_EXIT_STATUS, footprint, read_metrics, sharding
 from deq_jax.training.checkpoint import saved_steps
 
 _SCRIPT = """
@@ -51,12 +53,13 @@ CI = {
     "mdeq": ("data2_fsdp4", "ift"),
     "clrs": ("fsdp8", "reversible"),
 }
-# Where float32 rounding grows under training (docs/results/mesh.md): MDEQ's smoke
-# run leaves the 1-device losses by 6e-5 at step 7 and 1e-3 within 20 steps on data 8
-# alone (pure data parallelism, no parameter sharded), and the LM on fsdp 4 x tensor 2
-# (the matmuls' sums split over tensor) by 6e-4. Such a run is held to the issue's 1e-4
-# on its first steps and to a wider tolerance over all 20: (steps, rtol).
-DRIFT = {"mdeq": (5, 1e-2), ("lm", "fsdp4_tensor2"): (8, 5e-3)}
+# Where float32 rounding grows under training (docs/results/mesh.md): on every mesh,
+# data 8 (pure data parallelism, no parameter sharded) included, MDEQ's smoke run
+# leaves the 1-device losses past 1e-4 from step 5 to 12 and by up to 1.1e-2 within 20
+# steps; the LM's by up to 3.6e-4 (past 1e-4 from step 12 to 20; the first steps agree
+# to 1e-7). Such a run is held to the issue's 1e-4 on its first steps and to a wider
+# tolerance over all 20: (steps, rtol).
+DRIFT = {"lm": (8, 5e-3), "mdeq": (4, 5e-2)}
 
 
 def _run(jobs, devices, kind="losses"):
@@ -65,13 +68,13 @@ def _run(jobs, devices, kind="losses"):
     return out["results"]
 
 
-def _check_same_losses(family, mesh, one, eight):
+def _check_same_losses(family, one, eight):
     """The issue's tolerance: 1e-5 relative on the first step, 1e-4 on all 20 (`DRIFT`:
     on the first steps only, and its tolerance on all)."""
     one, eight = np.asarray(one), np.asarray(eight)
     assert one.shape == eight.shape == (20,) and np.all(np.isfinite(one))
     np.testing.assert_allclose(eight[0], one[0], rtol=1e-5, atol=0)
-    steps, rtol = DRIFT.get(family) or DRIFT.get((family, mesh)) or (20, 1e-4)
+    steps, rtol = DRIFT.get(family, (20, 1e-4))
     np.testing.assert_allclose(eight[:steps], one[:steps], rtol=1e-4, atol=0)
     np.testing.assert_allclose(eight, one, rtol=rtol, atol=0)
 
@@ -80,21 +83,47 @@ def _job(family, workdir, mesh, backward):
     return [family, str(workdir), {"train.mesh": MESHES[mesh], **mesh_runs.BACKWARDS[backward]}]
 
 
+def _hops(d):
+    """The checkpoint's journey (`test_a_checkpoint_restores_bit_identically_on_every_mesh`):
+    a job per hop (on 8 devices, 8, 1, 8), each restoring the one before."""
+    jobs = []
+    for i, mesh in enumerate(("fsdp8", "data8", None, "fsdp4_tensor2")):
+        overrides = {} if mesh is None else {"train.mesh": MESHES[mesh]}
+        if i:
+            overrides["source"] = str(d / f"hop{i - 1}")
+        jobs.append(["lm", str(d / f"hop{i}"), overrides, "checkpoint"])
+    return jobs
+
+
 @pytest.fixture(scope="module")
 def ci_runs(tmp_path_factory):
+    """Every CI run of this module in three processes (8 devices, 1, 8): the families'
+    runs on their meshes and on 1 device, the LM's solver loops, the checkpoint hops."""
     d = tmp_path_factory.mktemp("ci")
     ones = [_job(f, d / f"{f}_1", "data8", b) for f, (_, b) in CI.items()]
     eights = [_job(f, d / f"{f}_8", m, b) for f, (m, b) in CI.items()]
     for job in ones:
         job[2].pop("train.mesh")
-    one, eight = _run(ones, 1), _run(eights, 8)
-    return dict(zip(CI, zip(one, eight, strict=True), strict=True))
+    loops = [
+        ["lm", str(d / f"m{m}"), {"train.mesh": FSDP4_TENSOR2, "deq.solver.anderson.m": m}, "loops"]
+        for m in (3, 6)
+    ]
+    hops = _hops(d)
+    first = _run(eights + loops + hops[:2], 8)
+    second = _run(ones + hops[2:3], 1)
+    third = _run(hops[3:], 8)
+    n = len(CI)
+    return {
+        "losses": dict(zip(CI, zip(second[:n], first[:n], strict=True), strict=True)),
+        "loops": first[n : n + 2],
+        "hops": first[n + 2 :] + second[n:] + third,
+    }
 
 
 @pytest.mark.parametrize("family", list(CI))
 def test_family_trains_on_a_mesh_with_the_same_losses(ci_runs, family):
-    one, eight = ci_runs[family]
-    _check_same_losses(family, CI[family][0], one, eight)
+    one, eight = ci_runs["losses"][family]
+    _check_same_losses(family, one, eight)
 
 
 def _matrix():
@@ -115,7 +144,7 @@ def test_matrix_same_losses_on_one_and_eight_devices(tmp_path, family, mesh, bac
     one[2].pop("train.mesh")
     (one,) = _run([one], 1)
     (eight,) = _run([_job(family, tmp_path / "eight", mesh, backward)], 8)
-    _check_same_losses(family, mesh, one, eight)
+    _check_same_losses(family, one, eight)
 
 
 def _loop_check(loops_short, loops_long, rows, m_short, m_long):
@@ -170,22 +199,12 @@ metadata={op_name="jit(f)/while"}
     assert footprint.shape_bytes("(f32[2,3], bf16[4])") == 32
 
 
-@pytest.fixture(scope="module")
-def lm_loops(tmp_path_factory):
-    d = tmp_path_factory.mktemp("loops")
-    jobs = [
-        ["lm", str(d / f"m{m}"), {"train.mesh": FSDP4_TENSOR2, "deq.solver.anderson.m": m}]
-        for m in (3, 6)
-    ]
-    return _run(jobs, 8, "loops")
-
-
-def test_lm_solver_state_is_sharded_like_activations(lm_loops):
+def test_lm_solver_state_is_sharded_like_activations(ci_runs):
     """fsdp 4 x tensor 2 on 8 rows: a device's 2 rows in the forward and backward
     solves' loops; the parameters are gathered before them, not inside. (Over tensor
     the loops gather the rows' qkv activations: the fused projection's output orders
     q, k, v outermost, so its split does not fall on heads; docs/mesh.md.)"""
-    short, long = lm_loops
+    short, long = ci_runs["loops"]
     _loop_check(short, long, rows=2, m_short=3, m_long=6)
 
 
@@ -211,19 +230,11 @@ def test_state_sharding_constrains_the_start_and_every_cell_output():
     np.testing.assert_allclose(solve(placed)(variables), solve(model)(variables), atol=0)
 
 
-def test_a_checkpoint_restores_bit_identically_on_every_mesh(tmp_path):
+def test_a_checkpoint_restores_bit_identically_on_every_mesh(ci_runs):
     """The LM trained 2 steps with fsdp 8 and saved (each device writes its shards),
     then restored and saved again on data 8, on 1 device, on fsdp 4 x tensor 2: the
     parameters and the optimiser state are the same bits at every hop."""
-    hops = [("fsdp8", 8), ("data8", 8), (None, 1), ("fsdp4_tensor2", 8)]
-    jobs = []
-    for i, (mesh, _) in enumerate(hops):
-        overrides = {} if mesh is None else {"train.mesh": MESHES[mesh]}
-        if i:
-            overrides["source"] = str(tmp_path / f"hop{i - 1}")
-        jobs.append(["lm", str(tmp_path / f"hop{i}"), overrides])
-    results = _run(jobs[:2], 8, "checkpoint") + _run(jobs[2:3], 1, "checkpoint")
-    results += _run(jobs[3:], 8, "checkpoint")
+    results = ci_runs["hops"]
     first = results[0]
     assert first["step"] == 2
     # saved sharded: a device of the fsdp 8 run holds under 1/6 of the state
@@ -236,24 +247,46 @@ def test_a_checkpoint_restores_bit_identically_on_every_mesh(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_of_four_devices_train_and_resume_with_fsdp_8(tmp_path):
-    """`launch.multiprocess`, 2 processes x 4 devices, fsdp 8: prefix sums trained to
-    step 3, then resumed by a second launch to step 6."""
+def test_two_processes_of_four_devices_with_fsdp_8_are_preempted_and_resume(tmp_path):
+    """`launch.multiprocess`, 2 processes x 4 devices, fsdp 8: prefix sums stopped by a
+    SIGTERM to process 1 (both save at one step and exit 75), then resumed there by the
+    same command to the end."""
     from launch import multiprocess
 
-    base = ["--config", "configs/prefix_sum.py:smoke", "--workdir", str(tmp_path)]
-    base += ["--config.train.mesh.data=1", "--config.train.mesh.fsdp=8"]
-    base += ["--config.train.fsdp_min_size=0", "--config.train.steps=8"]
-    base += ["--config.eval.every_steps=0", "--config.ckpt.every_steps=100"]
+    workdir = tmp_path / "w"
+    args = ["--config=configs/prefix_sum.py:smoke", f"--workdir={workdir}"]
+    args += ["--config.train.mesh.data=1", "--config.train.mesh.fsdp=8"]
+    args += ["--config.train.fsdp_min_size=0", "--config.train.steps=300"]
+    args += ["--config.eval.every_steps=0", "--config.log.every_steps=1"]
+    cmd = [sys.executable, "-m", "launch.multiprocess", "--num_processes=2"]
+    cmd += ["--devices_per_process=4", "--grace_s=60", "--", *args]
     env = multiprocess.process_env(0)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    outputs = []
-    for stop in (3, 6):
-        cmd = [sys.executable, "-m", "launch.multiprocess", "--num_processes=2"]
-        cmd += ["--devices_per_process=4", "--", *base, f"--config.train.stop_at_step={stop}"]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-        outputs.append(proc.stdout)
-    assert "8 device(s), starting from scratch" in outputs[0]
-    assert "8 device(s), resuming from step 3" in outputs[1]
-    assert saved_steps(str(tmp_path))[-1] == 6
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.time() + 600
+    while time.time() < deadline and len(_trained(workdir)) < 3:
+        time.sleep(0.2)
+    victim = subprocess.run(
+        ["pgrep", "-f", f"workdir={workdir} .*process_id=1"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(victim) == 1
+    os.kill(int(victim[0]), signal.SIGTERM)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == PREEMPTED_EXIT_STATUS, out[-3000:]
+    assert "8 device(s), starting from scratch" in out
+    stopped = [line for line in out.splitlines() if "Stopped by" in line]
+    step = int(stopped[0].split("after step ")[1].split(":")[0])
+    assert saved_steps(str(workdir))[-1] == step < 300
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert f"8 device(s), resuming from step {step}" in again.stdout
+    assert max(_trained(workdir)) == 300
+
+
+def _trained(workdir) -> list[int]:
+    """The steps whose train metrics ``workdir`` holds."""
+    if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+        return []
+    return [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "train"]
