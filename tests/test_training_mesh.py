@@ -104,6 +104,8 @@ def ci_runs(tmp_path_factory):
     eights = [_job(f, d / f"{f}_8", m, b) for f, (m, b) in CI.items()]
     for job in ones:
         job[2].pop("train.mesh")
+    for job in ones + eights:  # each family's data generated once (MDEQ's: ~10 s)
+        job[2]["task.data_dir"] = str(d / "data" / job[0])
     loops = [
         ["lm", str(d / f"m{m}"), {"train.mesh": FSDP4_TENSOR2, "deq.solver.anderson.m": m}, "loops"]
         for m in (3, 6)
