@@ -210,6 +210,19 @@ def test_lm_solver_state_is_sharded_like_activations(ci_runs):
     _loop_check(short, long, rows=2, m_short=3, m_long=6)
 
 
+@pytest.mark.slow
+def test_mdeq_solver_state_is_sharded_like_activations(tmp_path):
+    """MDEQ on fsdp 4 x tensor 2: the history holds a device's 2 rows; inside the loops
+    the tensor axis gathers and reduces the rows' channels (its convolutions' column-
+    and row-parallel outputs), the same for histories of 3 and 6."""
+    jobs = [
+        ["mdeq", str(tmp_path / f"m{m}"), {"train.mesh": FSDP4_TENSOR2, "deq.solver.anderson.m": m}]
+        for m in (3, 6)
+    ]
+    short, long = _run(jobs, 8, "loops")
+    _loop_check(short, long, rows=2, m_short=3, m_long=6)
+
+
 def test_state_sharding_constrains_the_start_and_every_cell_output():
     """`DEQSpec.state_sharding` puts a sharding constraint on z0 and the cell's output
     (so on what the solver carries); the fixed point is the same as without one."""
