@@ -210,6 +210,23 @@ def test_lm_solver_state_is_sharded_like_activations(ci_runs):
     _loop_check(short, long, rows=2, m_short=3, m_long=6)
 
 
+def test_footprint_reads_shards_and_compiled_memory():
+    mesh = sharding.make_mesh()
+    tree = sharding.replicate({"w": jnp.ones((4, 8)), "b": jnp.ones(8, jnp.int32)}, mesh)
+    # replicated: every device holds the whole 4 x 8 float32 and 8 int32 (160 bytes)
+    assert footprint.state_bytes(tree) == {
+        "max_per_device": 160,
+        "min_per_device": 160,
+        "total": 160,
+    }
+    compiled = jax.jit(lambda t: {"w": t["w"] * 2, "b": t["b"]}, donate_argnums=0)
+    memory = footprint.compiled_memory(compiled.lower(tree).compile())
+    assert memory["argument"] >= 160 and memory["output"] >= 160
+    assert memory["peak"] == (
+        memory["argument"] + memory["output"] + memory["temp"] - memory["alias"]
+    )
+
+
 @pytest.mark.slow
 def test_mdeq_solver_state_is_sharded_like_activations(tmp_path):
     """MDEQ on fsdp 4 x tensor 2: the history holds a device's 2 rows; inside the loops
