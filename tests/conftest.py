@@ -78,7 +78,7 @@ if os.environ.get("DEQ_JAX_TEST_CACHE"):
 # missing here only loses its early start.
 LONGEST_MODULES = (
     "test_lm_training.py",  # 142 s measured, with the 1-vs-8-device subprocesses
-    "test_training_mesh.py",  # 132 s measured: four families on 8 and 1 devices, the hops
+    "test_training_mesh.py",  # ~80 s: three families on 8 and 1 devices, the hops
     "test_language_model.py",  # 132 s measured
     "test_clrs_model.py",  # 104 s measured
     "test_backward.py",  # 102 s measured

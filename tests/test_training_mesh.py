@@ -1,8 +1,8 @@
 """Every family on a named mesh of 8 simulated CPU devices (issue 80).
 
 Each run is a subprocess (`tests/mesh_runs.py`), because the device count is fixed when
-JAX starts. In CI one combined test per family: its smoke config trained 20 steps on
-one mesh of 8 devices (and one backward mode) against 1 device, all four families in
+JAX starts. In CI one combined test per family (MDEQ: slow only): its smoke config
+trained 20 steps on one mesh of 8 devices (and one backward mode) against 1 device, the families in
 one subprocess of each count; and the solver's loops of the LM's compiled train step.
 The whole matrix (every family on every mesh; the backward modes on fsdp 8) is marked
 slow. Measured deviations: docs/results/mesh.md.
@@ -46,11 +46,12 @@ MESHES = {
     "fsdp4_tensor2": FSDP4_TENSOR2,
 }
 TENSOR_FAMILIES = ("lm", "mdeq")  # the models with tensor partition rules
-# The CI run of each family: (mesh, backward mode); every mesh and mode together.
+# The CI run of each family: (mesh, backward mode); every mesh and mode together. MDEQ
+# runs in the slow matrix only (its compile doubled this module's CI time, and its losses
+# drift past 1e-4 by rounding on every mesh, data 8 included: `DRIFT`).
 CI = {
     "prefix_sum": ("fsdp8", "phantom"),
     "lm": ("fsdp4_tensor2", "ift"),
-    "mdeq": ("data2_fsdp4", "ift"),
     "clrs": ("fsdp8", "reversible"),
 }
 # Where float32 rounding grows under training (docs/results/mesh.md): on every mesh,
