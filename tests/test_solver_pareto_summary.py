@@ -28,6 +28,7 @@ def test_default_margin_is_half_a_point_of_accuracy():
     assert summary["hyper_anderson"]["budget_to_metric"] == 12
     assert summary["init_only"]["budget_to_metric"] == 8
     assert summary["hyper_anderson"]["speedup_metric_vs_anderson"] == pytest.approx(15.0 / 22.8)
+    assert summary["hyper_anderson"]["evals_ratio_metric_vs_anderson"] == pytest.approx(8 / 12)
 
 
 def test_a_tenth_of_a_point_asks_for_more_steps_or_none():

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from flax import linen as nn
 
 from deq_jax.training.evaluate import Evaluator
@@ -58,6 +59,19 @@ def _task_batches(
     return run.task.train_iterator(spec.batch_size, seed=spec.seed + 1, augment=False)
 
 
+def _task_held_out(
+    config: Any, run: Any, variables: Any, spec: NeuralSolverSpec, split: str
+) -> Iterator[dict[str, Any]]:
+    """Full batches of ``spec.batch_size`` of the eval ``split`` (the validation split,
+    else the first eval split, when empty)."""
+    del config, variables
+    task = run.task
+    split = split or task.validation_split or task.eval_splits[0]
+    for batch in task.eval_iterator(split, spec.batch_size):
+        if "mask" not in batch or bool(np.all(batch["mask"])):
+            yield batch
+
+
 def _task_score(config: Any, run: Any, model: nn.Module, max_iter: int) -> dict[str, Any]:
     """``model``'s metrics per eval split at ``max_iter``."""
     evaluator = Evaluator(
@@ -88,6 +102,7 @@ TASKS = SolverFamily(
     training=TaskFamily,
     extras=lambda run: run.task.batch_extras,
     batches=_task_batches,
+    held_out=_task_held_out,
     score=_task_score,
     eval_lines=_task_lines,
 )

@@ -74,6 +74,9 @@ class SolverFamily:
       extras: ``run -> batch keys`` that reach the cell as model keywords.
       batches: ``(config, run, variables, spec) -> batches`` that `FrozenDEQ.targets`
         solves (dicts with ``"inputs"`` and the ``extras``).
+      held_out: ``(config, run, variables, spec, split) -> batches`` as ``batches``,
+        from an eval split the fit never sees (``""``: the family's default), for
+        the diagnostics (``experiments/neural_solver/diagnose.py``).
       score: ``(config, run, model, max_iter) -> metrics`` of one model with its
         solver at ``max_iter`` (a tree of numbers).
       eval_lines: ``(comparison, run) -> lines`` that summarise `compare`'s result.
@@ -87,6 +90,7 @@ class SolverFamily:
     training: type[Family]
     extras: Callable[[Any], tuple[str, ...]]
     batches: Callable[[Any, Any, Any, NeuralSolverSpec], Iterator[dict[str, Any]]]
+    held_out: Callable[[Any, Any, Any, NeuralSolverSpec, str], Iterator[dict[str, Any]]]
     score: Callable[[Any, Any, nn.Module, int], Any]
     eval_lines: Callable[[dict[str, Any], Any], list[str]]
     twice_unroll: bool = False
