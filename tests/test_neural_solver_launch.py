@@ -311,6 +311,15 @@ def test_solver_pareto_writes_curves_and_summary(hypersolver_run):
     )
     assert set(report["table"]) == {"anderson", "hyper_anderson"}
     assert report["summary"]["hyper_anderson"]["evals_ratio_metric_vs_anderson"] in (None, 1.0)
+    # The classic solvers' metrics reused from that sweep, only timed again.
+    earlier = workdir / "earlier.json"
+    os.replace(workdir / "solver_pareto.json", earlier)
+    again = dict(budgets=(2,), repeats=1, max_batches=0, emit=lambda line: None)
+    reused = run_pareto(config, str(workdir), reuse_classic=str(earlier), **again)
+    assert reused["table"]["anderson"][0]["accuracy"] == report["table"]["anderson"][0]["accuracy"]
+    assert reused["reused_classic"] == str(earlier) and "broyden" in reused["table"]
+    with pytest.raises(ValueError, match="swept max_batches=0, not 1: it cannot be reused"):
+        run_pareto(config, str(workdir), reuse_classic=str(earlier), **dict(again, max_batches=1))
     with pytest.raises(ValueError, match="Unknown solvers \\['newton'\\]; the lineup: anderson"):
         run_pareto(config, str(workdir), budgets=(2,), solvers=("newton",), emit=print)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +55,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("repeats", 7, "Timed calls per solver and budget (median kept).")
     flags.DEFINE_integer("max_batches", 2, "Eval batches for residual and metric (0: all).")
     flags.DEFINE_list("solvers", [], "The solvers swept (empty: every one of the lineup).")
+    flags.DEFINE_string(
+        "reuse_classic",
+        "",
+        "An earlier solver_pareto.json of the same DEQ, split, batches and budgets: its "
+        "classic solvers' metrics are reused (they do not depend on the fit), and only timed.",
+    )
     flags.DEFINE_string("split", "", "Eval split (empty: the task's first eval split).")
     flags.DEFINE_float(
         "margin",
@@ -122,9 +129,11 @@ def sweep(
     repeats: int,
     max_batches: int,
     batch_size: int,
+    cached: dict[str, list[dict[str, float]]] | None = None,
 ) -> dict[str, list[dict[str, float]]]:
     """``{solver: [row per budget]}`` of the ``lineup`` (`solver_lineup`) with time,
-    residual, metric and nstep per row, on ``max_batches`` batches (0: the whole split)."""
+    residual, metric and nstep per row, on ``max_batches`` batches (0: the whole split);
+    a solver in ``cached`` (its rows of an earlier sweep) is only timed."""
     from deq_jax.training import evaluate, metrics, steps
 
     deq, frozen = hyper.deq, hyper.frozen
@@ -144,17 +153,21 @@ def sweep(
                 regression=metrics.is_regression(task),
                 extras=extras,
             )
+    cached = cached or {}
     results = {
         key: metrics.combine_split(task, jax.device_get([fn(state, b) for b in batches]))
         for key, fn in calls.items()
+        if key[0] not in cached
     }
+    for name, rows in cached.items():
+        results.update({(name, r["budget"]): r for r in rows if r["budget"] in budgets})
     times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
     for _ in range(repeats):  # interleaved, so every solver sees the same load
         for key, fn in calls.items():
             times[key].append(timed(lambda fn=fn: fn(state, batches[0])))
     table: dict[str, list[dict[str, float]]] = {}
-    for (name, budget), values in results.items():
-        row = {k: float(v) for k, v in values.items()}
+    for name, budget in calls:  # the lineup's order
+        row = {k: float(v) for k, v in results[name, budget].items()}
         row.update(budget=budget, seconds=float(np.median(times[name, budget])))
         table.setdefault(name, []).append(row)
     return table
@@ -223,6 +236,26 @@ def summarize(
     return out
 
 
+CLASSIC = ("anderson", "broyden", "fixed_point_iteration")
+
+
+def reused_rows(path: str, expected: dict[str, Any], names: Sequence[str]) -> dict[str, list]:
+    """The classic solvers' rows (of ``names``) of an earlier ``solver_pareto.json``.
+
+    Raises:
+      ValueError: if that sweep's DEQ, split, batches or budgets differ from ``expected``.
+    """
+    with open(path) as f:
+        earlier = json.load(f)
+    for key, value in expected.items():
+        have = earlier.get(key)
+        if key == "budgets" and have is not None and set(value) <= set(have):
+            continue
+        if have != value:
+            raise ValueError(f"{path} swept {key}={have!r}, not {value!r}: it cannot be reused.")
+    return {n: earlier["table"][n] for n in names if n in CLASSIC and n in earlier["table"]}
+
+
 def run_pareto(
     config: Any,
     workdir: str,
@@ -233,10 +266,12 @@ def run_pareto(
     split: str = "",
     margin: float = METRIC_MARGIN,
     solvers: Sequence[str] = (),
+    reuse_classic: str = "",
     emit: Callable[[str], None] = print,
 ) -> dict:
-    """Sweeps the ``solvers`` (every one of `solver_lineup` when empty), summarises,
-    writes ``solver_pareto.json`` and the PNG; returns the report."""
+    """Sweeps the ``solvers`` (every one of `solver_lineup` when empty; the classic ones'
+    metrics read from ``reuse_classic``, an earlier report, when given: `reused_rows`),
+    summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
     from deq_jax.training.hypersolver import load_hypersolver, solver_family
     from deq_jax.training.lm_hypersolver import LANGUAGE
     from experiments.neural_solver.plots import plot_pareto
@@ -252,13 +287,20 @@ def run_pareto(
     unroll = int(hyper.report["spec"]["unroll_steps"])
     batch_size = config.eval.batch_size
     lineup = solver_lineup(hyper, solvers)
-    table = sweep_fn(hyper, lineup, split, budgets, repeats, max_batches, batch_size)
+    same = {
+        "deq_workdir": hyper.report["deq_workdir"],
+        "split": split,
+        "batch_size": batch_size,
+        "max_batches": max_batches,
+        "budgets": list(budgets),
+    }
+    cached = reused_rows(reuse_classic, same, list(lineup)) if reuse_classic else {}
+    table = sweep_fn(hyper, lineup, split, budgets, repeats, max_batches, batch_size, cached=cached)
     curves = curves_fn(hyper, lineup, split, max(max(budgets), 4 * unroll), batch_size)
     report = {
-        "split": split,
-        "budgets": list(budgets),
+        **same,
+        "reused_classic": reuse_classic or None,
         "repeats": repeats,
-        "batch_size": batch_size,
         "devices": jax.device_count(),
         "unroll_steps": unroll,
         "solver_fit": {k: hyper.report[k] for k in ("param_fraction", "time_fraction")},
@@ -304,6 +346,7 @@ def main(argv: Sequence[str]) -> None:
         split=flag.split,
         margin=flag.margin,
         solvers=flag.solvers,
+        reuse_classic=flag.reuse_classic,
         emit=lambda line: print(line, flush=True),
     )
 
