@@ -163,11 +163,13 @@ def _optimise(
         l3_now = schedule.l3(step)
         detached = step < schedule.detached_steps
         params, opt_state, loss = update(params, opt_state, batch, l3_now, not detached)
-        losses.append(loss)
+        # Waits for the step, so that the next batch's target solve is timed alone
+        # (`deq_jax.training.solver_targets.TargetStream`).
+        losses.append(float(loss))
         done = step + 1
         if on_step is not None and (done == num_steps or (log_every and done % log_every == 0)):
             on_step(done, float(loss))
-    return params, np.asarray(jax.device_get(losses))
+    return params, np.asarray(losses, np.float32)
 
 
 def _make_update(
