@@ -15,8 +15,8 @@
 #             Anderson steps, no ablations); limit FIT_SECONDS (170);
 #   sweep     experiments.neural_solver.pareto at every budget of BUDGETS (4..12) on
 #             EVAL_BATCHES (10) test batches of 500 (5,000 images): Anderson, the fitted
-#             solver, its initialiser with Anderson; median of 5; limit SWEEP_SECONDS (120);
-#   diagnose  experiments.neural_solver.diagnose on 4 batches; limit DIAGNOSE_SECONDS (30);
+#             solver, its initialiser with Anderson; median of 5; limit SWEEP_SECONDS (110);
+#   diagnose  experiments.neural_solver.diagnose on 4 batches; limit DIAGNOSE_SECONDS (45);
 # then one line per solver from OUT_DIR/solver/solver_pareto.json: the budget to
 # Anderson's best accuracy less 0.5 points, the speed-up in time and in evaluations, and
 # the goal (>= 1.6x in time).
@@ -24,7 +24,7 @@
 # flags to a stage (e.g. EXTRA_FIT=--config.neural_solver.train_steps=500);
 # DRY_RUN=1 prints the commands instead of running them (tests/test_device_scripts.py).
 # On a CPU, the smoke size: SIZE=smoke (MDEQ and fit of 4 steps, budgets 2,3, 2 test
-# batches of 50).
+# batches of 50; every stage's limit 300 s).
 set -uo pipefail
 out=$1
 fm=${2:-/usr/share/datasets/fashion-mnist}
@@ -32,10 +32,10 @@ py=${PYTHON:-python3}
 stages=${STAGES:-mdeq fit sweep diagnose}
 if [[ ${SIZE:-gpu} == smoke ]]; then
   variant=smoke,jacobian steps=${MDEQ_STEPS:-4} budgets=${BUDGETS:-2,3}
-  batches=${EVAL_BATCHES:-2} eval_batch=50
+  batches=${EVAL_BATCHES:-2} eval_batch=50 limits=(300 300 300 300)
 else
   variant=jacobian steps=${MDEQ_STEPS:-1900} budgets=${BUDGETS:-4,5,6,7,8,9,10,11,12}
-  batches=${EVAL_BATCHES:-10} eval_batch=500
+  batches=${EVAL_BATCHES:-10} eval_batch=500 limits=(150 170 110 45)
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
@@ -60,7 +60,7 @@ for stage in $stages; do
   case $stage in
     mdeq)
       # shellcheck disable=SC2086  # EXTRA_* are lists of flags
-      run "${MDEQ_SECONDS:-150}" "$out/mdeq.log" "$py" -m launch.main \
+      run "${MDEQ_SECONDS:-${limits[0]}}" "$out/mdeq.log" "$py" -m launch.main \
         --config "configs/mdeq_fashion_mnist.py:$variant" --workdir "$out/mdeq" \
         --config.task.dir="$fm" --config.train.steps="$steps" \
         --config.eval.every_steps=$((steps / 2)) --config.ckpt.every_steps=$((steps / 2)) \
@@ -68,18 +68,18 @@ for stage in $stages; do
       ;;
     fit)
       # shellcheck disable=SC2086
-      run "${FIT_SECONDS:-170}" "$out/fit.log" "$py" -m launch.main "${solver[@]}" \
+      run "${FIT_SECONDS:-${limits[1]}}" "$out/fit.log" "$py" -m launch.main "${solver[@]}" \
         --config.neural_solver.ablations=False ${EXTRA_FIT:-}
       ;;
     sweep)
       # shellcheck disable=SC2086
-      run "${SWEEP_SECONDS:-120}" "$out/sweep.log" "$py" -m experiments.neural_solver.pareto \
+      run "${SWEEP_SECONDS:-${limits[2]}}" "$out/sweep.log" "$py" -m experiments.neural_solver.pareto \
         "${solver[@]}" --split=test --budgets="$budgets" --max_batches="$batches" \
         --config.eval.batch_size="$eval_batch" --solvers=anderson,hyper_anderson,init_only \
         --repeats=5 ${EXTRA_SWEEP:-}
       ;;
     diagnose)
-      run "${DIAGNOSE_SECONDS:-30}" "$out/diagnose.log" "$py" -m experiments.neural_solver.diagnose \
+      run "${DIAGNOSE_SECONDS:-${limits[3]}}" "$out/diagnose.log" "$py" -m experiments.neural_solver.diagnose \
         "${solver[@]}" --batches=4
       ;;
     *) echo "unknown stage $stage (mdeq fit sweep diagnose)" >&2; exit 2 ;;

@@ -55,47 +55,44 @@ def define_flags() -> None:
     flags.DEFINE_string("split", "", "Held-out eval split (empty: the family's default).")
 
 
-def _flat_problem(frozen: Any, t: Any, z0: Any) -> tuple[Callable, jax.Array, jax.Array]:
-    """The frozen cell on flat ``[B, D]`` states, the flat target and the flat start."""
-    layout = _flat.layout_of(t.z_star, batched=True)
-    fn = _flat.flat_fn(frozen.f, layout, t.args)
-    return fn, _flat.flatten(t.z_star, layout), _flat.flatten(z0, layout)
-
-
-def batch_curves(hyper: Any, t: Any, steps: int, error: str) -> dict[str, np.ndarray]:
-    """One batch of `Targets`: per step ``0..steps`` the mean relative error of each
-    solver, the learned steps' mean fit error ``e_k`` (``error``), beta and alpha."""
+def batch_curves(hyper: Any, steps: int, error: str) -> Callable[[Any], dict[str, np.ndarray]]:
+    """``targets -> curves`` for one batch of `Targets` (jitted once): per step
+    ``0..steps`` the mean relative error of each solver, and per step ``1..steps`` the
+    learned steps' mean fit error ``e_k`` (``error``), beta and a summary of alpha."""
     solver, init = hyper.solvers["hyper_anderson"]
-    z0 = init(t.x) if init is not None else jax.tree_util.tree_map(jnp.zeros_like, t.z_star)
-    fn, target, start = _flat_problem(hyper.frozen, t, z0)
-    norm = jnp.linalg.norm(target, axis=-1)
+    classic = anderson(m=solver.m)
 
-    def rel_error(z, fz):
-        del fz
-        return jnp.linalg.norm(z - target, axis=-1) / norm
+    @jax.jit
+    def curves(args, x, z_star):
+        z0 = init(x) if init is not None else jax.tree_util.tree_map(jnp.zeros_like, z_star)
+        layout = _flat.layout_of(z_star, batched=True)
+        fn = _flat.flat_fn(hyper.frozen.f, layout, args)
+        target, start = _flat.flatten(z_star, layout), _flat.flatten(z0, layout)
+        norm = jnp.linalg.norm(target, axis=-1)
+        rel_error = lambda z, fz: jnp.linalg.norm(z - target, axis=-1) / norm
+        run = lambda method, z: jnp.mean(
+            solver_trajectory(
+                lambda z_, _: fn(z_), z, None, solver=method, observe=rel_error, steps=steps + 1
+            ),
+            axis=0,
+        )
+        out = {
+            "hyper_anderson": run(solver, start),
+            "anderson_from_init": run(classic, start),
+            "anderson_from_zero": run(classic, jnp.zeros_like(start)),
+        }
+        learned = unroll(solver, solver.variables, fn, start, steps)
+        out["fit_error"] = jnp.mean(step_errors(learned.zs, target, error), axis=-1)
+        alphas = learned.alphas  # [steps, B, m + 1] in ring order
+        newest = (jnp.arange(1, steps + 1) - 1) % alphas.shape[-1]  # the newest image's slot
+        on_newest = jnp.take_along_axis(alphas, newest[:, None, None], axis=-1)[..., 0]
+        out["beta"] = jnp.mean(learned.betas, axis=-1)
+        out["alpha_newest"] = jnp.mean(on_newest, axis=-1)
+        out["alpha_max_abs"] = jnp.mean(jnp.max(jnp.abs(alphas), axis=-1), axis=-1)
+        out["alpha_negative_mass"] = jnp.mean(jnp.sum(jnp.minimum(alphas, 0.0), axis=-1), axis=-1)
+        return out
 
-    def run(classic, z):
-        flat = lambda z_, args: fn(z_)
-        return solver_trajectory(flat, z, None, solver=classic, observe=rel_error, steps=steps + 1)
-
-    curves = {
-        "hyper_anderson": run(solver, start),
-        "anderson_from_init": run(anderson(m=solver.m), start),
-        "anderson_from_zero": run(anderson(m=solver.m), jnp.zeros_like(start)),
-    }
-    out = {name: np.asarray(jnp.mean(c, axis=0)) for name, c in curves.items()}  # [steps + 1]
-    learned = unroll(solver, solver.variables, fn, start, steps)
-    out["fit_error"] = np.asarray(jnp.mean(step_errors(learned.zs, target, error), axis=-1))
-    n = learned.alphas.shape[-1]
-    newest = (jnp.arange(1, steps + 1) - 1) % n  # the slot of the newest image at step k
-    alphas = learned.alphas  # [steps, B, n]
-    out["beta"] = np.asarray(jnp.mean(learned.betas, axis=-1))
-    on_newest = jnp.take_along_axis(alphas, newest[:, None, None], axis=-1)[..., 0]
-    out["alpha_newest"] = np.asarray(jnp.mean(on_newest, axis=-1))
-    out["alpha_max_abs"] = np.asarray(jnp.mean(jnp.max(jnp.abs(alphas), axis=-1), axis=-1))
-    negative = jnp.sum(jnp.minimum(alphas, 0.0), axis=-1)
-    out["alpha_negative_mass"] = np.asarray(jnp.mean(negative, axis=-1))
-    return out
+    return lambda t: jax.tree_util.tree_map(np.asarray, curves(t.args, t.x, t.z_star))
 
 
 def _mean(curves: list[dict[str, np.ndarray]]) -> dict[str, list[float]]:
@@ -131,9 +128,10 @@ def diagnose(
         ),
     }
     report: dict[str, Any] = {"unroll_steps": unroll_steps, "steps": steps, "error": spec.error}
+    curves = batch_curves(hyper, steps, spec.error)
     for name, source in sources.items():
         chosen = list(itertools.islice(source, batches))
-        report[name] = _mean([batch_curves(hyper, t, steps, spec.error) for t in chosen])
+        report[name] = _mean([curves(t) for t in chosen])
         report[name]["examples"] = sum(int(np.size(t.rel_residual)) for t in chosen)
     report["fit"]["loss_share"] = loss_shares(report["fit"]["fit_error"], unroll_steps)
     for line in _table(report):
