@@ -20,7 +20,8 @@
 # solver_pareto.json}; the first sweep's Anderson rows are reused by the others
 # (--reuse_classic: the same DEQ, split and budgets). A finished run is skipped. Then
 # `python -m experiments.neural_solver.ablation_table OUT_DIR` prints the table.
-# PYTHON picks the interpreter; EXTRA adds flags to every fit; DRY_RUN=1 prints the commands.
+# PYTHON picks the interpreter; EXTRA adds flags to every fit, EXTRA_SWEEP to every sweep (the
+# last of a flag given twice wins: EXTRA_SWEEP=--repeats=3); DRY_RUN=1 prints the commands.
 set -uo pipefail
 task=$1
 out=$2
@@ -82,7 +83,7 @@ for variant in $variants; do
       if [[ $variant == paper ]]; then solvers=$solvers,init_only; fi
       # shellcheck disable=SC2086
       run "$dir/pareto.log" "$py" -m experiments.neural_solver.pareto "${common[@]}" $sweep \
-        --solvers=$solvers ${reference:+--reuse_classic=$reference}
+        --solvers=$solvers ${reference:+--reuse_classic=$reference} ${EXTRA_SWEEP:-}
     fi
     if [[ -z $reference && -f $dir/solver_pareto.json ]]; then reference=$dir/solver_pareto.json; fi
   done
