@@ -48,16 +48,18 @@ OUTPUT_TOLERANCE = 1e-2
 GRADIENT_TOLERANCE = 5e-2
 GRADIENT_COSINE = 0.999
 
-_SIZE = flags.DEFINE_enum("size", "gpu", list(SIZES), "The cell's size.")
-_IMPLEMENTATION = flags.DEFINE_enum(
-    "implementation", "", ["", "xla", "cudnn"], "Force the fused path's kernel ('': chosen)."
-)
-_REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls of each function (medians).")
-_DEQ_ITERS = flags.DEFINE_integer(
-    "deq_iters", 20, "Forward and backward iterations of the timed DEQ solve."
-)
-_RUN = flags.DEFINE_bool("run", True, "Time the paths and compare them (else compile only).")
-_OUT = flags.DEFINE_string("out", "", "Also write the JSON record to this file.")
+
+def define_flags() -> None:
+    """The command line's flags, defined when it runs (tests import this module beside
+    other benchmarks that define flags of the same names)."""
+    flags.DEFINE_enum("size", "gpu", list(SIZES), "The cell's size.")
+    flags.DEFINE_enum(
+        "implementation", "", ["", "xla", "cudnn"], "Force the fused path's kernel ('': chosen)."
+    )
+    flags.DEFINE_integer("repeats", 10, "Timed calls of each function (medians).")
+    flags.DEFINE_integer("deq_iters", 20, "Forward and backward iterations of the timed DEQ solve.")
+    flags.DEFINE_bool("run", True, "Time the paths and compare them (else compile only).")
+    flags.DEFINE_string("out", "", "Also write the JSON record to this file.")
 
 
 def _relative(a: jax.Array, b: jax.Array) -> float:
@@ -198,14 +200,15 @@ def _errors(outputs, reference) -> dict[str, float]:
 
 def main(argv: list[str]) -> None:
     del argv
-    repeats = _REPEATS.value if _RUN.value else 0
-    record = measure(_SIZE.value, _IMPLEMENTATION.value, repeats, _DEQ_ITERS.value)
+    f = flags.FLAGS
+    record = measure(f.size, f.implementation, f.repeats if f.run else 0, f.deq_iters)
     text = json.dumps(record, indent=1)
     print(text)
-    if _OUT.value:
-        with open(_OUT.value, "w") as out:
+    if f.out:
+        with open(f.out, "w") as out:
             out.write(text + "\n")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -29,7 +29,8 @@ omitted for a chip without a known peak (the CPU).
 
 No data file is read: a language model's vocabulary size comes from ``--vocab`` (no
 corpus needed), an image model's input shape from ``--input_shape`` when its data files
-are absent (the task reads its shape from them)::
+are absent (the task reads its shape from them); tensorflow-datasets need not be
+installed (`tests/test_optional_packages.py`)::
 
     python -m benchmarks.step_time --config configs/lm_shakespeare.py --vocab 96 \\
         --steps 3 --eval_steps 3 --f_evals 5

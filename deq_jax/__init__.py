@@ -15,8 +15,9 @@ beside the bottom layers.
 
 ``import deq_jax`` needs only jax, flax, optax and numpy. `deq_jax.training` (orbax
 checkpoints, TensorBoard logs, absl logging: the ``[train]`` extra) is imported on first
-use, ``dj.training.train_and_evaluate`` or ``import deq_jax.training``, as are the tasks
-stored through tensorflow-datasets (`deq_jax.tasks.get`).
+use, ``dj.training.train_and_evaluate`` or ``import deq_jax.training``, as are the image
+tasks (`deq_jax.tasks.get`); tensorflow-datasets only when a task reads or writes its
+tfds records (its ``prepare()`` and ``source()``), never when it is built.
 """
 
 import importlib

@@ -3,10 +3,11 @@
 * ``import deq_jax`` (in a fresh interpreter) imports no training, data-pipeline or
   plotting package: none that ``import jax, flax.linen, optax, numpy`` does not import
   itself (absl comes with optax and flax), and never tfds, orbax, matplotlib, ...;
-* `deq_jax.training` is imported on first use, as ``dj.training``, and the tasks
-  stored through tfds (the image tasks) on their first `deq_jax.tasks.get`; without
-  the ``[train]`` extra both say which extra to install, while the generated tasks
-  (prefix sums, mazes, ...) and the text tasks still work;
+* `deq_jax.training` is imported on first use, as ``dj.training``, the image tasks on
+  their first `deq_jax.tasks.get`, and tfds when a task first reads or writes its
+  records (``prepare()``, ``source()``); without the ``[train]`` extra both say which
+  extra to install, while the generated tasks (prefix sums, mazes, ...), the text tasks
+  and the image tasks' shapes still work;
 * ``setup.cfg`` selects the ``deq_jax`` packages only and asks for jax, flax, optax and
   numpy, the training, data and plotting packages coming with the ``[train]`` extra;
 * a wheel built from the repository holds ``deq_jax`` as its only top-level package;
@@ -109,7 +110,8 @@ def test_a_missing_train_package_names_the_extra():
         "import deq_jax as dj\n"
         "assert dj.tasks.get('mazes', train_size=8).name == 'mazes'\n"
         "assert dj.tasks.get('prefix_sum', train_size=8).name == 'prefix_sum'\n"
-        "for use in (lambda: dj.training, lambda: dj.tasks.get('cifar10')):\n"
+        "assert dj.tasks.get('cifar10').input_shape == (32, 32, 3)\n"
+        "for use in (lambda: dj.training, lambda: dj.tasks.get('cifar10').prepare()):\n"
         "    try:\n"
         "        use()\n"
         "    except ModuleNotFoundError as error:\n"

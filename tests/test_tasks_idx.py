@@ -318,8 +318,9 @@ def test_channel_stats_per_channel():
 def test_prepare_is_idempotent_and_configs_are_distinct(task, idx_dir, data_dir, tmp_path):
     directory, _ = idx_dir
     rebuilt = AssertionError("rebuilt")
+    _, image_files_builder = image_records.builder_classes()
     with (
-        mock.patch.object(image_records.ImageFiles, "_split_generators", side_effect=rebuilt),
+        mock.patch.object(image_files_builder, "_split_generators", side_effect=rebuilt),
         mock.patch.object(image_records.ImageFilesData, "splits_and_metadata", side_effect=rebuilt),
     ):
         task.prepare()

@@ -154,7 +154,7 @@ def test_cifar10_valid_split_cut_from_tfds_train(cifar_dir):
     assert [task.num_examples(s) for s in task.splits] == [8, 4, 5]
     keep, cut = image_records.valid_cut(12, 4, 3)
     np.testing.assert_array_equal(task.source("valid").indices, cut)
-    full = images.cifar10_source("train", cifar_dir)
+    full = image_records.cifar10_source("train", cifar_dir)
     for split, positions in (("train", keep), ("valid", cut)):
         batch = next(task.eval_iterator(split, 16))
         expected = np.stack([full[int(i)]["inputs"] for i in positions])

@@ -54,9 +54,12 @@ Importing this package is light (numpy and jax): the tasks generated in memory
 (``"prefix_sum"``, ``"synthetic_1d"``, ``"mazes"``, ``"edge_copy"``,
 ``"matrix_inversion"`` and CLRS's ``"clrs"``) are imported with it, and so are the text
 tasks (``"char_text"``, ``"wikitext"``: a corpus file, its token ids cached as numpy
-files), while the image tasks, stored or read through tensorflow-datasets (the
-``[train]`` extra's dependency), import their module, and tfds, on the first `get` of
-one of them. Their classes live in their modules
+files), while the image tasks import their module on the first `get` of one of them.
+tensorflow-datasets (the ``[train]`` extra's dependency, with array_record) loads only
+where a task reads or writes tfds records, in its ``prepare()`` and ``source()``
+(`deq_jax.tasks._tfds.load`): building an image task, reading its ``input_shape``,
+``num_classes``, ``metrics`` or augmentation, and timing its model on synthetic data
+(`benchmarks.step_time`) need no tfds. Their classes live in their modules
 (`deq_jax.tasks.prefix_sum.PrefixSumConfig`, `deq_jax.tasks.text.TextTask`, ...).
 
 References:
@@ -89,10 +92,11 @@ register(prefix_sum.__name__, prefix_sum)
 register(char_text.__name__, char_text)
 register(wikitext.__name__, wikitext)
 
-# The tasks read through tensorflow-datasets, each named with the module that defines
-# it: that module (and tfds) is imported by the first `get` of the task, so importing
-# this package, and the models that use its base class, needs no data-pipeline package.
-_TFDS_TASKS = {
+# The image tasks, each named with the module that defines it: that module (scipy's
+# filters, the files' readers) is imported by the first `get` of the task, and tfds only
+# when the task reads or writes records (`deq_jax.tasks._tfds.load`), so importing this
+# package, and the models that use its base class, needs no data-pipeline package.
+_IMAGE_TASKS = {
     "digits": "images",
     "cifar10": "image_files",
     "fashion_mnist": "image_files",
@@ -101,33 +105,25 @@ _TFDS_TASKS = {
 }
 
 
-def _import_loader(module: str):
-    """Imports ``deq_jax.tasks.<module>``; a missing package names the extra to install."""
-    try:
-        return importlib.import_module(f"{__name__}.{module}")
-    except ModuleNotFoundError as error:
-        if error.name is None or error.name.split(".")[0] == "deq_jax":
-            raise
-        hint = f"{__name__}.{module} needs {error.name!r}: pip install 'deq_jax[train]'"
-        raise ModuleNotFoundError(hint, name=error.name) from error
-
-
 def names() -> list[str]:
-    """The task names `get` accepts, sorted (registered and tfds-backed alike)."""
-    return sorted({*_REGISTRY.names(), *_TFDS_TASKS})
+    """The task names `get` accepts, sorted (registered and image tasks alike)."""
+    return sorted({*_REGISTRY.names(), *_IMAGE_TASKS})
 
 
 def get(name: str, **kwargs):
     """Builds the task ``name`` with ``kwargs`` (see the module docstring).
 
+    An image task is built without tensorflow-datasets; where it is not installed, the
+    task's ``prepare()`` and ``source()`` raise a ModuleNotFoundError naming the
+    ``[train]`` extra.
+
     Raises:
       ValueError: for an unknown name (the message lists the valid ones) or a keyword
         the task does not take (the message lists those it takes).
-      ModuleNotFoundError: naming the ``[train]`` extra, for a tfds-backed task when
-        tensorflow-datasets (or another package of the extra) is not installed.
     """
-    if name not in _REGISTRY and name in _TFDS_TASKS:
-        register(name, getattr(_import_loader(_TFDS_TASKS[name]), name))
+    if name not in _REGISTRY and name in _IMAGE_TASKS:
+        module = importlib.import_module(f"{__name__}.{_IMAGE_TASKS[name]}")
+        register(name, getattr(module, name))
     if name not in _REGISTRY:
         raise ValueError(f"Unknown task {name!r}. Valid tasks: {', '.join(names())}.")
     return _REGISTRY.get(name, **kwargs)

@@ -38,12 +38,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
 from scipy.ndimage import gaussian_filter
 
-from deq_jax.tasks import images
+from deq_jax.tasks import _tfds, images
 from deq_jax.tasks.base import Task
-from deq_jax.tasks.errors import DataFormatError, DataNotFoundError
 
 TRAIN, VALID, _TEST = "train", "valid", "test"
 SOURCES = ("digits", "mnist")
@@ -103,18 +101,8 @@ def mnist_source(split: str, data_dir: str | None = None) -> Any:
       DataNotFoundError: if mnist is not prepared under ``data_dir``.
       DataFormatError: if it is prepared in a format without random access.
     """
-    builder = tfds.builder("mnist", data_dir=data_dir)
-    if not builder.is_prepared():
-        raise DataNotFoundError(
-            f"mnist is not prepared under {builder.data_dir}. Build it with "
-            "`tfds build mnist --file_format=array_record --data_dir=...` on a machine with "
-            "TensorFlow and a network, or use source='digits'."
-        )
-    if builder.info.file_format != tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
-        raise DataFormatError(
-            f"mnist under {builder.data_dir} is stored as {builder.info.file_format}; "
-            "random access needs array_record (`tfds convert_format` can convert it)."
-        )
+    otherwise = " on a machine with TensorFlow and a network, or use source='digits'"
+    builder = _tfds.prepared("mnist", data_dir, otherwise)
     return builder.as_data_source(split=split)
 
 

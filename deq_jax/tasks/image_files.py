@@ -14,7 +14,8 @@ Sources. Fashion-MNIST and MNIST are directories of the four MNIST-format idx fi
 Fashion-MNIST in `idx_files.DEFAULT_FASHION_MNIST_DIR`, the default ``dir``. MNIST has
 no default. CIFAR-10 is either the ``cifar-10-batches-py`` directory of its python
 batches (`deq_jax.tasks.cifar_files`; ``dir=``) or, with ``dir=""``, the tfds
-``cifar10`` data set prepared under ``data_dir`` (`deq_jax.tasks.images.cifar10_source`).
+``cifar10`` data set prepared under ``data_dir``
+(`deq_jax.tasks.image_records.cifar10_source`).
 
 Storage, splits and standardisation (`deq_jax.tasks.image_records`). ``prepare``
 converts the files once into tfds ``array_record`` records under ``data_dir``, named by
@@ -65,6 +66,8 @@ from deq_jax.tasks.image_records import (
     FileFormat,
     ImageFilesData,
     check_image_size,
+    cifar10_builder,
+    cifar10_source,
     valid_cut,
 )
 from deq_jax.tasks.images import TEST, TRAIN, ImageTask
@@ -257,15 +260,15 @@ def cifar10(
     check_image_size(image_size, cifar_files.IMAGE_SHAPE, "tfds' cifar10")
 
     def prepare() -> None:
-        tfds_builder = images.cifar10_builder(data_dir)
+        tfds_builder = cifar10_builder(data_dir)
         if download and not tfds_builder.is_prepared():
             tfds_builder.download_and_prepare(file_format="array_record")
-        images.cifar10_source(TRAIN, data_dir)
+        cifar10_source(TRAIN, data_dir)
 
     def source(split: str) -> Any:
         if split == TEST or not valid_size:
-            return images.cifar10_source(split, data_dir)
-        full = images.cifar10_source(TRAIN, data_dir)
+            return cifar10_source(split, data_dir)
+        full = cifar10_source(TRAIN, data_dir)
         train, valid = valid_cut(len(full), valid_size, split_seed)
         return images.Subset(full, train if split == TRAIN else valid)
 

@@ -1,8 +1,13 @@
-"""Image files converted once to tfds ``array_record`` records, and read back.
+"""Image files converted once to tfds ``array_record`` records, and tfds' cifar10, read back.
 
-The storage behind the file-backed image tasks (`deq_jax.tasks.image_files`).
+The storage behind the file-backed image tasks (`deq_jax.tasks.image_files`), and the
+only image code that uses tensorflow-datasets: `deq_jax.tasks._tfds.load` imports it
+when records are first read or written (`ImageFilesData.prepare` and ``source``,
+`cifar10_source`), never when this module is imported or a task built.
+
 `ImageFilesData.prepare` reads a directory of image files (a `FileFormat` says how),
-checks it, and writes it as a tfds ``GeneratorBasedBuilder`` (`ImageFiles`) under
+checks it, and writes it as a tfds ``GeneratorBasedBuilder`` (``ImageFiles``, made by
+`builder_classes` on first use) under
 ``{data_dir}/image_files/{name}/1.0.0``; ``as_data_source()`` reads it back (no
 TensorFlow). ``name`` is the data set, a `fingerprint` of the source files (names,
 sizes and the sha256 of their bytes), the validation size and the split seed, so
@@ -26,22 +31,27 @@ computed exactly from pixel histograms at conversion (`channel_stats`) and store
 the records' metadata (``info.metadata["mean"]``, ``["std"]``). Each split is read into
 memory once per process as uint8 (`ImageArrays`; 3.5 s for Fashion-MNIST's 55,000
 training images) and standardised batch by batch.
+
+tfds' own ``cifar10`` (`cifar10_source`), prepared under ``data_dir`` in the
+``array_record`` format (e.g. ``tfds build cifar10 --file_format=array_record`` on a
+machine with TensorFlow and a network), is read through ``as_data_source()`` (random
+access, decoded with PIL; TensorFlow is never imported) as lazily decoded `ImageRecords`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from deq_jax.tasks import _tfds, data
 from deq_jax.tasks.errors import DataFormatError
-from deq_jax.tasks.images import TEST, TRAIN
+from deq_jax.tasks.images import CIFAR10_MEAN, CIFAR10_STD, TEST, TRAIN, ImageRecords, check_split
 
 VALID = "valid"
 NUM_CLASSES = 10
@@ -160,57 +170,92 @@ class ImageArrays:
         return [{"inputs": xi, "targets": yi} for xi, yi in zip(x, self.labels[rows], strict=True)]
 
 
-@dataclasses.dataclass(eq=False)
-class ImageFilesConfig(tfds.core.BuilderConfig):
-    """A tfds builder config naming one converted directory; ``load`` returns its
-    checked splits and metadata when the records must be written."""
+@functools.cache
+def builder_classes() -> tuple[type, type]:
+    """``(ImageFilesConfig, ImageFiles)``: the tfds builder config and builder of image
+    files converted to records, defined on the first call.
 
-    image_shape: tuple[int, int, int] = (1, 1, 1)
-    load: Callable[[], tuple[dict[str, Arrays], dict[str, Any]]] | None = None
+    They subclass tfds' classes, so they are made (and tfds imported) when records are
+    first read or written, not when this module is imported; once per process, as tfds
+    registers a builder by its name (``image_files``).
+    """
+    tfds = _tfds.load()
+
+    @dataclasses.dataclass(eq=False)
+    class ImageFilesConfig(tfds.core.BuilderConfig):
+        """A tfds builder config naming one converted directory; ``load`` returns its
+        checked splits and metadata when the records must be written."""
+
+        image_shape: tuple[int, int, int] = (1, 1, 1)
+        load: Callable[[], tuple[dict[str, Arrays], dict[str, Any]]] | None = None
+
+    class ImageFiles(tfds.core.GeneratorBasedBuilder):
+        """tfds builder of image files converted to records; build it with `builder`."""
+
+        VERSION = tfds.core.Version("1.0.0")
+        RELEASE_NOTES = {"1.0.0": "Initial release."}
+
+        def _info(self) -> tfds.core.DatasetInfo:
+            shape = tuple(self.builder_config.image_shape)
+            return tfds.core.DatasetInfo(
+                builder=self,
+                description="Labelled images converted from the files users download.",
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Tensor(
+                            shape=shape, dtype=np.uint8, encoding="bytes"
+                        ),
+                        "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
+                    }
+                ),
+                supervised_keys=("image", "label"),
+                metadata=tfds.core.MetadataDict(),
+                disable_shuffling=True,
+            )
+
+        def _split_generators(self, dl_manager):
+            del dl_manager  # The files are local, read by ``load``.
+            splits, metadata = self.builder_config.load()
+            self.info.metadata.update(metadata)
+            return {split: self._generate_examples(*arrays) for split, arrays in splits.items()}
+
+        def _generate_examples(self, images_: np.ndarray, labels: np.ndarray):
+            for i, (image, label) in enumerate(zip(images_, labels.tolist(), strict=True)):
+                yield i, {"image": image, "label": label}
+
+    return ImageFilesConfig, ImageFiles
 
 
-class ImageFiles(tfds.core.GeneratorBasedBuilder):
-    """tfds builder of image files converted to records; build it with `builder`."""
-
-    VERSION = tfds.core.Version("1.0.0")
-    RELEASE_NOTES = {"1.0.0": "Initial release."}
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        shape = tuple(self.builder_config.image_shape)
-        return tfds.core.DatasetInfo(
-            builder=self,
-            description="Labelled images converted from the files users download.",
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Tensor(shape=shape, dtype=np.uint8, encoding="bytes"),
-                    "label": tfds.features.ClassLabel(num_classes=NUM_CLASSES),
-                }
-            ),
-            supervised_keys=("image", "label"),
-            metadata=tfds.core.MetadataDict(),
-            disable_shuffling=True,
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager  # The files are local, read by ``load``.
-        splits, metadata = self.builder_config.load()
-        self.info.metadata.update(metadata)
-        return {split: self._generate_examples(*arrays) for split, arrays in splits.items()}
-
-    def _generate_examples(self, images_: np.ndarray, labels: np.ndarray):
-        for i, (image, label) in enumerate(zip(images_, labels.tolist(), strict=True)):
-            yield i, {"image": image, "label": label}
-
-
-def builder(name: str, image_shape, *, data_dir: str | None = None, load=None) -> ImageFiles:
-    """The tfds builder of the config ``name`` under ``data_dir``.
+def builder(name: str, image_shape, *, data_dir: str | None = None, load=None) -> Any:
+    """The tfds builder (an ``ImageFiles``) of the config ``name`` under ``data_dir``.
 
     The records live in ``{data_dir}/image_files/{name}/1.0.0``; ``load`` is needed only
     to write them.
     """
-    config = ImageFilesConfig(name=name, image_shape=tuple(image_shape), load=load)
+    config_class, builder_class = builder_classes()
+    config = config_class(name=name, image_shape=tuple(image_shape), load=load)
     with _tfds.quiet():
-        return ImageFiles(config=config, data_dir=data_dir, file_format="array_record")
+        return builder_class(config=config, data_dir=data_dir, file_format="array_record")
+
+
+def cifar10_builder(data_dir: str | None = None) -> Any:
+    """The tfds ``cifar10`` builder reading ``{data_dir}/cifar10/<version>``."""
+    return _tfds.load().builder("cifar10", data_dir=data_dir)
+
+
+def cifar10_source(split: str, data_dir: str | None = None) -> ImageRecords:
+    """The prepared tfds ``cifar10`` split as a lazily decoded `ImageRecords` source,
+    standardised with the usual CIFAR-10 statistics (`images.CIFAR10_MEAN`, ``_STD``).
+
+    Raises:
+      DataNotFoundError: if the data are not prepared under ``data_dir``.
+      ValueError: for an unknown split.
+      DataFormatError: for data prepared in another file format.
+    """
+    check_split(split)
+    otherwise = " or tasks.get('cifar10', download=True).prepare()"
+    records = _tfds.prepared("cifar10", data_dir, otherwise)
+    return ImageRecords(records.as_data_source(split=split), CIFAR10_MEAN, CIFAR10_STD)
 
 
 class ImageFilesData:
@@ -240,7 +285,7 @@ class ImageFilesData:
         self.dataset, self.directory, self.format = dataset, directory, file_format
         self.data_dir, self.valid_size, self.split_seed = data_dir, valid_size, split_seed
         self.image_size = image_size
-        self._builder: ImageFiles | None = None
+        self._builder: Any = None  # an ImageFiles once prepared
         self.mean = self.std = None
 
     def image_shape(self) -> tuple[int, int, int]:

@@ -4,15 +4,17 @@
   download). A stratified split from ``seed`` keeps 1,437 for training and 360 for
   testing. Pixels (0..16) are scaled to ``[0, 1]`` and standardised with the training
   split's mean and standard deviation.
-* tfds' ``cifar10`` (`cifar10_source`), read through ``builder.as_data_source()``
-  (random access to ``array_record`` files, decoded with PIL; TensorFlow is never
-  imported). The data must already be prepared under ``data_dir`` in the
-  ``array_record`` format, e.g. with ``tfds build cifar10 --file_format=array_record``
-  on a machine with TensorFlow and a network. Images are decoded per batch, scaled to
-  ``[0, 1]`` and standardised per channel with the usual CIFAR-10 statistics. The
+* tfds' ``cifar10``, read as `ImageRecords` (``as_data_source()`` of a split, random
+  access to ``array_record`` files decoded with PIL; TensorFlow is never imported) by
+  `deq_jax.tasks.image_records.cifar10_source`, which needs the data prepared under
+  ``data_dir``. Images are decoded per batch, scaled to ``[0, 1]`` and standardised
+  per channel with the usual CIFAR-10 statistics (`CIFAR10_MEAN`, `CIFAR10_STD`). The
   registry's ``"cifar10"`` task reads it with ``dir=""``; that task and the ones read
   from downloaded files (Fashion-MNIST, MNIST, CIFAR-10's python batches) are built in
   `deq_jax.tasks.image_files`.
+
+This module imports no tensorflow-datasets: tfds is loaded only where records are read
+or written (`deq_jax.tasks.image_records`, through `deq_jax.tasks._tfds.load`).
 
 `ImageTask` puts a data set behind the task interface: its splits (``"train"`` and
 ``eval_splits``), sources built once per split, and training batches augmented with
@@ -33,11 +35,9 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-import tensorflow_datasets as tfds
 
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
-from deq_jax.tasks.errors import DataFormatError, DataNotFoundError
 from deq_jax.tasks.image_augment import CropFlip
 
 TRAIN, VALID, TEST = "train", "valid", "test"
@@ -149,35 +149,6 @@ class ImageRecords:
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         return [self._convert(r) for r in self.source.__getitems__(list(indices))]
-
-
-def cifar10_builder(data_dir: str | None = None):
-    """The tfds ``cifar10`` builder reading ``{data_dir}/cifar10/<version>``."""
-    return tfds.builder("cifar10", data_dir=data_dir)
-
-
-def cifar10_source(split: str, data_dir: str | None = None) -> ImageRecords:
-    """The prepared ``cifar10`` split as a lazily decoded `ImageRecords` source.
-
-    Raises:
-      DataNotFoundError: if the data are not prepared under ``data_dir``.
-      ValueError: for an unknown split.
-      DataFormatError: for data prepared in another file format.
-    """
-    check_split(split)
-    builder = cifar10_builder(data_dir)
-    if not builder.is_prepared():
-        raise DataNotFoundError(
-            f"cifar10 is not prepared under {builder.data_dir}. Build it with "
-            "`tfds build cifar10 --file_format=array_record --data_dir=...` or "
-            "tasks.get('cifar10', download=True).prepare()."
-        )
-    if builder.info.file_format != tfds.core.file_adapters.FileFormat.ARRAY_RECORD:
-        raise DataFormatError(
-            f"cifar10 under {builder.data_dir} is stored as {builder.info.file_format}; "
-            "random access needs array_record (`tfds convert_format` can convert it)."
-        )
-    return ImageRecords(builder.as_data_source(split=split), CIFAR10_MEAN, CIFAR10_STD)
 
 
 class Subset:

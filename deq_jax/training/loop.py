@@ -128,7 +128,8 @@ class Loop:
         self.progress = ProgressLogger(config.train.steps, run.start_step, emit=emit)
         limit = config.train.max_nonfinite_steps
         self.nonfinite = NonFiniteSteps(limit, run.checkpointer, emit, family.advice)
-        self.floor_notice = FloorNotice(config.deq.solver.tol, config.deq.precision, emit)
+        precision = config.deq.get("precision", "default")  # configs saved before issue 78 lack it
+        self.floor_notice = FloorNotice(config.deq.solver.tol, precision, emit)
         self.periodic_splits = tuple(config.eval.splits) or tuple(run.task.eval_splits)
         self.eval_metrics: dict[str, dict] = {}
         self.report_extra: dict[str, Any] = {}

@@ -52,7 +52,7 @@ run() {  # run LIMIT_SECONDS LOG COMMAND...: one command, its output in LOG
     return 0
   fi
   stamp "$* (log $log)"
-  timeout -s TERM "$limit" "$@" >"$log" 2>&1
+  timeout -s TERM -k 60 "$limit" "$@" >"$log" 2>&1
   local status=$?
   stamp "exit $status"
   return 0
