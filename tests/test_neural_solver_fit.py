@@ -127,6 +127,7 @@ def test_the_fit_reads_training_batches_without_augmentation():
     assert data.num_examples(task.source("train")) == 8
 
 
+@pytest.mark.slow  # two launches; the stop itself: test_targets_that_are_not_fixed_points_...
 def test_a_fit_to_an_unconverged_deq_ends_in_one_fatal_line(tmp_path):
     deq = tmp_path / "deq"
     trained = run_module("launch.main", "--config", "configs/digits.py:smoke", f"--workdir={deq}")

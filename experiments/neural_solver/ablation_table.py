@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from deq_jax.training.writers import write_json
+from experiments.neural_solver.pareto import summarize
 
 
 def _read(path: str) -> dict[str, Any] | None:
@@ -46,7 +47,9 @@ def _stat(values: Sequence[float | None], fmt: str = ".2f") -> str:
 
 def variant_row(name: str, runs: list[tuple[dict, dict]]) -> dict[str, Any]:
     """One variant's numbers over its seeds' ``(fit report, sweep report)``."""
-    sweeps = [s["summary"] for _, s in runs]
+    sweeps = [  # summarised again: a sweep written before a change to `summarize` agrees
+        summarize(s["table"], s["residual_curves"], s["unroll_steps"], s["margin"]) for _, s in runs
+    ]
     fits = [f for f, _ in runs]
     neural = [s["hyper_anderson"] for s in sweeps]
     anderson = [s["anderson"] for s in sweeps]

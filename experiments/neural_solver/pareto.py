@@ -196,9 +196,11 @@ def residual_curves(
 
 
 def _first(rows: list[dict], ok: Callable[[dict], bool]) -> dict | None:
-    """The cheapest row (by time) meeting ``ok``."""
+    """The row of the smallest budget meeting ``ok``: its time is that budget's, not the
+    least time of any budget meeting it (on a loaded machine a larger budget can time
+    faster, and the least of many noisy times favours the solver with more rows)."""
     good = [r for r in rows if ok(r)]
-    return min(good, key=lambda r: r["seconds"]) if good else None
+    return min(good, key=lambda r: r["budget"]) if good else None
 
 
 def summarize(
