@@ -74,3 +74,4 @@ def test_ablation_table_summarises_each_seed_again(tmp_path, capsys):
     assert rows["paper"]["evals_ratio"] == pytest.approx([8 / 12, 8 / 12])
     assert "| paper | 2 | 8 ± 0 | 12, 12 |" in capsys.readouterr().out
     assert (tmp_path / "ablations.json").exists()
+    assert main(["ablation_table", str(tmp_path)]).keys() == {"paper"}  # a second time

@@ -119,7 +119,7 @@ def main(argv: Sequence[str]) -> dict[str, Any]:
     """``argv[1]``: the ablations' OUT_DIR; prints the tables, writes ``ablations.json``."""
     out = argv[1]
     rows = []
-    for variant in sorted(os.listdir(out)):
+    for variant in sorted(d for d in os.listdir(out) if os.path.isdir(os.path.join(out, d))):
         seeds = sorted(d for d in os.listdir(os.path.join(out, variant)) if d.startswith("s"))
         runs = []
         for seed in seeds:
