@@ -93,8 +93,9 @@ Sections:
   neural_solver: the neural DEQ solver of Bai et al. (2022)
     (`deq_jax.training.NeuralSolverSpec`). A non-empty ``deq_workdir`` makes
     ``launch.main`` restore that trained DEQ and fit a HyperAnderson solver and
-    initialiser to it (``configs/*_hypersolver.py``; the first ``detached_steps`` of its
-    ``train_steps`` skip the backward pass through the cell); ``alternating=True`` instead
+    initialiser to it (``configs/*_hypersolver.py``; by default the paper's recipe: its
+    loss weights, BPTT through every unrolled step, ``train_steps`` on fresh batches);
+    ``alternating=True`` instead
     interleaves solver fits with DEQ training (warm-up ``alt_warmup_steps``, then the
     DEQ trains ``alt_deq_steps`` with the solver between fine-tunings of
     ``alt_finetune_steps``).
@@ -190,17 +191,46 @@ def smoke(
     return config
 
 
-def hypersolver(config: ConfigDict, arg: str, budgets: dict | None = None, **fields) -> ConfigDict:
+# The ``*_hypersolver`` configs' own variants (next to their model's): ``previous`` is
+# the recipe before issue 79 (loss weights 1 : 1 : 0.1 with l3 decayed to 0 over the
+# whole fit, h_phi trained by every term, a pool of batches cycled; each config adds
+# its old length and detached steps).
+HYPERSOLVER_VARIANTS = ("previous",)
+PREVIOUS_RECIPE = dict(
+    l1=1.0, l2=1.0, l3=0.1, l3_final=0.0, l3_decay=1.0, detach_init=False, fresh_batches=False
+)
+
+
+def split_hypersolver_arg(arg: str | None) -> tuple[str, tuple[str, ...]]:
+    """``(the model config's argument, the solver's variants)`` of a ``*_hypersolver``
+    config argument such as ``"jacobian,previous"``."""
+    names = [name.strip() for name in (arg or "").split(",") if name.strip()]
+    solver = tuple(name for name in names if name in HYPERSOLVER_VARIANTS)
+    return ",".join(name for name in names if name not in HYPERSOLVER_VARIANTS), solver
+
+
+def hypersolver(
+    config: ConfigDict,
+    arg: str,
+    budgets: dict | None = None,
+    variants: tuple[str, ...] = (),
+    previous: dict | None = None,
+    **fields,
+) -> ConfigDict:
     """Turns a trained DEQ's config into its neural-solver config (``*_hypersolver.py``).
 
     Sets the shared ``neural_solver`` fields (ablations on), then ``fields``, and the
     budgets ``deq.neural_solver`` (``tol``, ``max_iter``, ``target_tol``,
-    ``target_max_iter``) from ``budgets``; the smoke variant (``arg="smoke"``) shrinks
-    the fit to 4 steps (half of them detached when the full fit detaches any).
+    ``target_max_iter``) from ``budgets``. The solver's ``variants``: ``"previous"``
+    (`PREVIOUS_RECIPE` and the config's own ``previous`` fields). The smoke variant
+    (``arg="smoke"``) shrinks the fit to 4 steps (half of them detached when the full
+    fit detaches any).
     """
     ns = config.neural_solver
     ns.ablations = True
     ns.update(fields)
+    if "previous" in variants:
+        ns.update(dict(PREVIOUS_RECIPE, **(previous or {})))
     config.deq.neural_solver.update(budgets or {})
     if arg == "smoke":
         config.deq.neural_solver.update(dict(target_max_iter=20, max_iter=6))

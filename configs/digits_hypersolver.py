@@ -22,9 +22,17 @@ from configs import default, digits
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    """The digits solver config; ``arg="smoke"`` gives the seconds-long variant."""
-    arg = default.variant(arg)
+    """The digits solver config; ``arg``: ``smoke`` (the seconds-long variant),
+    ``previous`` (the recipe before issue 79, 300 steps), or both."""
+    model_arg, variants = default.split_hypersolver_arg(arg)
+    arg = default.variant(model_arg)
     # Small next to the 7.4K-parameter DEQ: a narrow network, a 1x1 initialiser.
     return default.hypersolver(
-        digits.get_config(arg), arg, hidden=8, init_kernel_size=1, unroll_steps=10
+        digits.get_config(arg),
+        arg,
+        variants=variants,
+        previous=dict(train_steps=300),
+        hidden=8,
+        init_kernel_size=1,
+        unroll_steps=10,
     )

@@ -10,8 +10,10 @@ Train the DEQ, then its solver with the DEQ frozen, then sweep the solvers::
         --split test_13 --budgets=10,20,30,40,50,60
 
 The task, model and solver sections are those of ``configs/mazes.py`` (the checkpoint
-must fit them); ``neural_solver`` sets the solver (see ``configs/default.py``). The
-smoke variant pairs with ``configs/mazes.py:smoke``.
+must fit them); ``neural_solver`` sets the solver (see ``configs/default.py``): the
+paper's recipe. ``:previous`` is the recipe before issue 79 (300 steps, all without the
+backward pass through the cell, weights 1 : 1 : 0.1, a pool of 8 batches). The smoke
+variant pairs with ``configs/mazes.py:smoke``.
 
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022.
@@ -23,19 +25,21 @@ from configs import default, mazes
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    """The maze solver config; ``arg="smoke"`` gives the seconds-long variant."""
-    arg = default.variant(arg)
-    # A narrow network and a 1x1 initialiser, unrolled for 20 steps, 300 fit steps at
-    # learning rate 5e-3, none of them backpropagating through the cell (as cheap and
-    # as fast as the full gradient), beta fixed to 1. The budget is the maze model's
-    # eval budget. Results: BUILD_NOTES.md, "Neural DEQ solver", the maze table.
+    """The maze solver config; ``arg``: ``smoke`` (the seconds-long variant),
+    ``previous`` (the earlier recipe), or both."""
+    model_arg, variants = default.split_hypersolver_arg(arg)
+    arg = default.variant(model_arg)
+    # A narrow network and a 1x1 initialiser, unrolled for 20 steps at learning rate
+    # 5e-3, beta fixed to 1. The budget is the maze model's eval budget. Results:
+    # docs/results/neural_solver.md, the maze table.
     config = default.hypersolver(
         mazes.get_config(arg),
         arg,
+        variants=variants,
+        previous=dict(train_steps=300, detached_steps=300),
         hidden=8,
         init_kernel_size=1,
         unroll_steps=20,
-        detached_steps=300,
         learning_rate=5e-3,
         learn_beta=False,
     )

@@ -36,6 +36,7 @@ from deq_jax.training.checkpoint import (
 from deq_jax.training.lm_setup import VocabularyMismatchError
 from deq_jax.training.mesh import ConfigError
 from deq_jax.training.setup import check_config
+from deq_jax.training.solver_targets import TargetResidualError
 from deq_jax.training.workdir import WorkdirError, WorkdirLockedError
 from deq_jax.training.writers import write_json
 
@@ -61,6 +62,7 @@ USER_ERRORS: tuple[tuple[type[BaseException], str], ...] = (
     (VocabularyMismatchError, "vocabulary error"),
     (WorkdirError, "workdir error"),
     (WorkdirLockedError, "workdir error"),
+    (TargetResidualError, "neural solver error"),
     (CheckpointSaveError, "checkpoint save failed"),
 )
 # The exit status of a `USER_ERRORS` line: 2 (a usage error), but 74 (sysexits'

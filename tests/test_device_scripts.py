@@ -156,3 +156,35 @@ def test_precision_script_runs_its_smoke_size_and_writes_the_table(tmp_path):
     assert table["steps"][1]["floor"] is not None and table["steps"][0]["floor"] is None
     assert set(table["training"]) == {"default", "bfloat16"}
     assert all(run["valid_bpc"] > 0 for run in table["training"].values())
+
+
+def test_neural_solver_script_dry_run_prints_every_stage(tmp_path):
+    out = tmp_path / "out"
+    done = _run_script("neural_solver.sh", str(out), "/fm", DRY_RUN="1")
+    lines = done.stdout.splitlines()
+    assert len(lines) == 4  # mdeq, fit, sweep, diagnose; nothing run
+    mdeq, fit, sweep, diagnose = lines
+    assert "configs/mdeq_fashion_mnist.py:jacobian" in mdeq and "--config.train.steps=1900" in mdeq
+    assert "configs/mdeq_fashion_mnist_hypersolver.py:jacobian " in fit
+    assert f"--config.neural_solver.deq_workdir={out}/mdeq" in fit
+    assert "--config.neural_solver.ablations=False" in fit
+    assert "-m experiments.neural_solver.pareto" in sweep
+    assert "--budgets=4,5,6,7,8,9,10,11,12" in sweep and "--split=test" in sweep
+    assert "--max_batches=10" in sweep and "--config.eval.batch_size=500" in sweep  # 5,000
+    assert "--solvers=anderson,hyper_anderson,init_only" in sweep
+    assert "-m experiments.neural_solver.diagnose" in diagnose
+    assert all("--config.task.dir=/fm" in line for line in lines)
+    assert not (out / "solver").exists()
+
+
+@pytest.mark.slow
+def test_neural_solver_script_runs_its_smoke_size(tmp_path):
+    out = tmp_path / "out"
+    done = _run_script("neural_solver.sh", str(out), SIZE="smoke")
+    report = json.loads((out / "solver" / "solver_pareto.json").read_text())
+    assert report["budgets"] == [2, 3] and report["split"] == "test"
+    assert set(report["table"]) == {"anderson", "hyper_anderson", "init_only"}
+    fit = json.loads((out / "solver" / "neural_solver.json").read_text())
+    assert fit["spec"]["l2"] == 0.02 and fit["spec"]["fresh_batches"]
+    assert (out / "solver" / "diagnose.json").exists()
+    assert re.search(r"hyper_anderson: budget .*goal >= 1.6x (met|not met)", done.stdout)

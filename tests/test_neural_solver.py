@@ -163,6 +163,77 @@ def test_step_weights_and_decay():
     assert ns.linear_decay(0.5, 150, 100) == 0.0
 
 
+def test_alpha_weight_decays_over_the_first_part_of_the_fit():
+    # The paper's l3: 1e-4 to 5e-8 over the first 40% of the fit, then 5e-8.
+    l3 = functools.partial(ns.alpha_weight, 1e-4, num_steps=1_000, fraction=0.4, final=5e-8)
+    assert l3(0) == 1e-4
+    assert l3(200) == pytest.approx(0.5 * (1e-4 + 5e-8))
+    assert l3(400) == l3(999) == pytest.approx(5e-8)
+    assert ns.alpha_weight(0.1, 500, 1_000) == pytest.approx(0.05)  # over the whole fit
+    with pytest.raises(ValueError, match="fraction"):
+        ns.alpha_weight(1e-4, 0, 10, fraction=0.0)
+    assert ns.PAPER_WEIGHTS == {"l1": 0.1, "l2": 0.05, "l3": 1e-4, "l3_final": 5e-8}
+
+
+def test_relative_error_divides_each_sample_by_its_fixed_point():
+    target = jnp.array([[3.0, 4.0], [0.0, 1.0]])  # ||z*||^2 = 25 and 1
+    zs = jnp.array([[[3.0, 5.0], [0.0, 3.0]]])  # [K=1, B=2, D=2]
+    np.testing.assert_allclose(ns.step_errors(zs, target), [[1.0, 4.0]])
+    np.testing.assert_allclose(ns.step_errors(zs, target, "relative"), [[1 / 25, 4.0]])
+    with pytest.raises(ValueError, match="error must be one of absolute, relative"):
+        ns.step_errors(zs, target, "log")
+
+
+def _loss_parts(z_star_scale=1.0, **options):
+    """The loss of a 2-step unroll on an affine map, its metrics and its gradient."""
+    k_a, k_x, k_s, k_i = jax.random.split(jax.random.PRNGKey(5), 4)
+    a = 0.3 * jax.random.normal(k_a, (D, D)) / np.sqrt(D)
+    x = jax.random.normal(k_x, (B, DX))
+    z_star = z_star_scale * jax.random.normal(k_s, (B, D))
+    f = lambda z, args: z @ args.T + z_star - z_star @ args.T  # z* is its fixed point
+    solver = ns.init_neural_solver(jax.random.PRNGKey(0), (D,))
+    h_phi = ns.make_initializer("vector", features=D)
+    params = {"solver": solver.variables, "init": h_phi.init(k_i, x)}
+    h_phi_params = jax.tree_util.tree_map(lambda p: p + 0.1, params["init"])  # not a 0 start
+    params["init"] = h_phi_params
+
+    def loss(p):
+        return ns.neural_solver_loss(p, solver, h_phi, f, a, x, z_star, steps=2, **options)
+
+    (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return value, metrics, grads
+
+
+def test_initializer_learns_from_its_own_term_only_by_default():
+    # l2 = 0: the initialiser's gradient is zero when z0 is detached (the default) ...
+    _, _, grads = _loss_parts(l2=0.0, l3=1e-2)
+    assert all(float(jnp.max(jnp.abs(g))) == 0.0 for g in jax.tree_util.tree_leaves(grads["init"]))
+    # ... and not without detach_init (the earlier recipe).
+    _, _, grads = _loss_parts(l2=0.0, l3=1e-2, detach_init=False)
+    assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads["init"])) > 0
+    # The solver's gradient is the same either way (z0's value is the same).
+    _, _, detached = _loss_parts(l3=1e-2)
+    _, _, attached = _loss_parts(l3=1e-2, detach_init=False)
+    chex.assert_trees_all_close(detached["solver"], attached["solver"], rtol=1e-5, atol=1e-8)
+
+
+def test_loss_weights_default_to_the_paper_and_relative_error_is_scale_free():
+    value, m, _ = _loss_parts(l3=1e-4)
+    np.testing.assert_allclose(
+        value, 0.1 * m["conv"] + 0.05 * m["init"] + 1e-4 * m["alpha"], rtol=1e-6
+    )
+    # Scaling z* (and so every error) by 10: absolute terms grow 100x, relative ones not.
+    _, small, _ = _loss_parts(error="relative")
+    _, large, _ = _loss_parts(z_star_scale=10.0, error="relative")
+    _, large_abs, _ = _loss_parts(z_star_scale=10.0)
+    _, small_abs, _ = _loss_parts()
+    assert float(large_abs["init"]) > 20 * float(small_abs["init"])
+    np.testing.assert_allclose(small["final_rel_error"], m["final_rel_error"], rtol=1e-6)
+    assert float(large["init"]) < 2 * float(small["init"])
+    with pytest.raises(ValueError, match="error must be one of"):
+        _loss_parts(error="squared")
+
+
 def _one_step_losses(cell_gradient):
     """The unrolled loss of one step (alpha = 1 on the only slot, beta = 1/2 untrained)
     and its closed form ``||beta f(z0) + (1 - beta) z0 - z*||^2`` with ``z0 = h_phi(x)``;
@@ -187,8 +258,10 @@ def _one_step_losses(cell_gradient):
             x,
             z_star,
             steps=1,
+            l1=1.0,
             l2=0.0,
             cell_gradient=cell_gradient,
+            detach_init=False,  # h_phi's gradient through the unrolled step
         )
         return loss
 

@@ -299,6 +299,51 @@ def test_solver_pareto_writes_curves_and_summary(hypersolver_run):
     assert len(curve) == max(3, 4 * report["unroll_steps"])
     assert report["summary"]["anderson"]["speedup_metric_vs_anderson"] == 1.0
     assert os.path.exists(workdir / "solver_pareto.png")
+    # Some solvers only, on every batch of the split (max_batches=0).
+    report = run_pareto(
+        config,
+        str(workdir),
+        budgets=(2,),
+        repeats=1,
+        max_batches=0,
+        solvers=("anderson", "hyper_anderson"),
+        emit=lambda line: None,
+    )
+    assert set(report["table"]) == {"anderson", "hyper_anderson"}
+    assert report["summary"]["hyper_anderson"]["evals_ratio_metric_vs_anderson"] in (None, 1.0)
+    # The classic solvers' metrics reused from that sweep, only timed again.
+    earlier = workdir / "earlier.json"
+    os.replace(workdir / "solver_pareto.json", earlier)
+    again = dict(budgets=(2,), repeats=1, max_batches=0, emit=lambda line: None)
+    reused = run_pareto(config, str(workdir), reuse_classic=str(earlier), **again)
+    assert reused["table"]["anderson"][0]["accuracy"] == report["table"]["anderson"][0]["accuracy"]
+    assert reused["reused_classic"] == str(earlier) and "broyden" in reused["table"]
+    with pytest.raises(ValueError, match="swept max_batches=0, not 1: it cannot be reused"):
+        run_pareto(config, str(workdir), reuse_classic=str(earlier), **dict(again, max_batches=1))
+    with pytest.raises(ValueError, match="Unknown solvers \\['newton'\\]; the lineup: anderson"):
+        run_pareto(config, str(workdir), budgets=(2,), solvers=("newton",), emit=print)
+
+
+def test_diagnose_unrolls_the_solvers_on_the_fits_and_held_out_batches(hypersolver_run):
+    from experiments.neural_solver.diagnose import diagnose
+
+    config, workdir, _ = hypersolver_run
+    lines = []
+    report = diagnose(config, str(workdir), batches=2, emit=lines.append)
+    k = report["unroll_steps"]
+    assert report["steps"] == 2 * k
+    for where in ("fit", "held_out"):
+        part = report[where]
+        assert part["examples"] == 2 * config.neural_solver.batch_size
+        for name in ("hyper_anderson", "anderson_from_init", "anderson_from_zero"):
+            assert len(part[name]) == 2 * k + 1 and all(np.isfinite(part[name]))
+        # The same start: the learned solver and Anderson from h(x) share step 0.
+        assert part["hyper_anderson"][0] == pytest.approx(part["anderson_from_init"][0])
+        assert part["beta"] == pytest.approx([1.0] * 2 * k)  # the fixture fixes beta
+    shares = report["fit"]["loss_share"]
+    assert len(shares) == k and sum(shares) == pytest.approx(1.0)
+    assert len(lines) == 2 * k + 6 and lines[-1].startswith("Wrote")  # restored, 2 + 2K + 1, 2
+    assert os.path.exists(workdir / "diagnose.png")
 
 
 def test_alternating_schedule():

@@ -6,8 +6,8 @@
   resolution of a multiscale state): `state_shape_of`, `pooled_channels`.
 * `neural_solver`: HyperAnderson with trained weights, a `deq_jax.Solver` usable in
   `deq_jax.fixed_point` and `deq_jax.nn.DEQ`; `init_neural_solver` builds an untrained one.
-* `neural_solver_loss`, `unroll`, `step_weights`, `linear_decay`: the training objective
-  with the DEQ frozen.
+* `neural_solver_loss`, `unroll`, `step_weights`, `step_errors`, `alpha_weight`
+  (`linear_decay`), `PAPER_WEIGHTS`: the training objective with the DEQ frozen.
 * `LearnedInit`: trained initialiser variables as a DEQ's ``z_init``.
 * Kernels: `normalize_alpha`, `hyper_anderson_update`, `hyper_anderson_step`,
   `pool_residual`, `history_features`.
@@ -51,9 +51,13 @@ from deq_jax.neural_solver.initializer import (
     make_initializer,
 )
 from deq_jax.neural_solver.loss import (
+    ERRORS,
+    PAPER_WEIGHTS,
     Unrolled,
+    alpha_weight,
     linear_decay,
     neural_solver_loss,
+    step_errors,
     step_weights,
     unroll,
 )
@@ -67,7 +71,9 @@ from deq_jax.neural_solver.state_shape import (
 )
 
 __all__ = [
+    "ERRORS",
     "INITIALIZER_KINDS",
+    "PAPER_WEIGHTS",
     "POOLS",
     "FrozenParams",
     "HyperAndersonNet",
@@ -79,6 +85,7 @@ __all__ = [
     "SequenceInitializer",
     "Unrolled",
     "VectorInitializer",
+    "alpha_weight",
     "history_features",
     "hyper_anderson_init",
     "hyper_anderson_step",
@@ -95,6 +102,7 @@ __all__ = [
     "pool_residual",
     "pooled_channels",
     "state_shape_of",
+    "step_errors",
     "step_weights",
     "unroll",
 ]

@@ -4,12 +4,17 @@ With the DEQ frozen and its fixed points ``z*`` known (from a long classic solve
 the initialiser ``h_phi`` and the HyperAnderson network are trained by unrolling ``K``
 steps from ``z_0 = h_phi(x)`` (differentiably, with `jax.lax.scan`) and minimising
 
-    l1 * sum_k w_k ||z_k - z*||^2  +  l2 * ||z_0 - z*||^2  +  l3 * sum_k ||G_k alpha_k||^2,
+    l1 * sum_k w_k e(z_k)  +  l2 * e(z_0)  +  l3 * sum_k ||G_k alpha_k||^2,
 
-each squared norm per sample and averaged over the batch. The weights ``w_k`` grow
-linearly with ``k`` and sum to one (later iterates matter more); the last term, Anderson's
-own objective, guides the early training of ``alpha`` and is decayed linearly to zero
-(`linear_decay`).
+with ``e(z) = ||z - z*||^2`` per sample (``error="absolute"``, the paper's) or
+``||z - z*||^2 / ||z*||^2`` (``"relative"``: every sample weighs alike whatever the
+size of its state), averaged over the batch. The weights ``w_k`` grow linearly with ``k``
+and sum to one (later iterates matter more); the last term, Anderson's own objective,
+guides the early training of ``alpha`` and is decayed (`alpha_weight`: the paper's
+``l3`` goes linearly to ~5e-8 over the first 1.5-2k of its 4-5k steps). The paper's
+weights are ``l1 : l2 : l3 = 0.1 : 0.05 : 1e-4`` (language; ``0.1 : 0.02 : 1e-5`` for
+images). As in the paper (its Figure 3), ``h_phi`` learns from its own term only: the
+unroll starts from ``z_0`` with its gradient stopped (``detach_init``).
 
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2).
@@ -45,6 +50,14 @@ def step_weights(steps: int, dtype: Any = jnp.float32) -> jax.Array:
     return k / jnp.sum(k)
 
 
+# How an iterate's distance to ``z*`` is measured (`step_errors`).
+ERRORS = ("absolute", "relative")
+
+# The paper's loss weights (Table 2, the language model): l1 (convergence), l2
+# (initialiser), l3 (alpha, at the start of its decay) and where l3 ends.
+PAPER_WEIGHTS = {"l1": 0.1, "l2": 0.05, "l3": 1e-4, "l3_final": 5e-8}
+
+
 def linear_decay(value: float, step: int, total: int, final: float = 0.0) -> float:
     """``value`` at ``step = 0`` going linearly to ``final`` at ``step >= total``.
 
@@ -54,6 +67,40 @@ def linear_decay(value: float, step: int, total: int, final: float = 0.0) -> flo
         raise ValueError(f"total must be >= 1, got {total!r}.")
     frac = min(max(step / total, 0.0), 1.0)
     return value + (final - value) * frac
+
+
+def alpha_weight(
+    value: float, step: int, num_steps: int, fraction: float = 1.0, final: float = 0.0
+) -> float:
+    """``l3`` at fit step ``step`` (from 0) of ``num_steps``: ``value`` decaying linearly
+    to ``final`` over the first ``fraction`` of the fit, then ``final``.
+
+    The paper decays its ``l3`` to 5e-8 over the first 1.5-2k of 4-5k steps
+    (``fraction`` ~0.4).
+
+    Raises:
+      ValueError: if ``fraction`` is not in ``(0, 1]``.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction!r}.")
+    return linear_decay(value, step, max(1, round(fraction * num_steps)), final)
+
+
+def step_errors(zs: jax.Array, target: jax.Array, error: str = "absolute") -> jax.Array:
+    """Each sample's error of each iterate, ``zs [..., B, D]`` against ``target [B, D]``:
+    ``||z - z*||^2`` (``"absolute"``) or ``||z - z*||^2 / ||z*||^2`` (``"relative"``),
+    shape ``[..., B]``.
+
+    Raises:
+      ValueError: for another ``error``.
+    """
+    if error not in ERRORS:
+        raise ValueError(f"error must be one of {', '.join(ERRORS)}, got {error!r}.")
+    sq = jnp.sum((zs - target) ** 2, axis=-1)
+    if error == "absolute":
+        return sq
+    scale = jnp.sum(target**2, axis=-1)
+    return sq / jnp.maximum(scale, jnp.finfo(sq.dtype).tiny)
 
 
 def unroll(
@@ -108,10 +155,12 @@ def neural_solver_loss(
     z_star: Any,
     *,
     steps: int,
-    l1: float = 1.0,
-    l2: float = 1.0,
+    l1: float = PAPER_WEIGHTS["l1"],
+    l2: float = PAPER_WEIGHTS["l2"],
     l3: float | jax.Array = 0.0,
     cell_gradient: bool = True,
+    detach_init: bool = True,
+    error: str = "absolute",
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The HyperDEQ loss of one batch and its parts.
 
@@ -131,14 +180,22 @@ def neural_solver_loss(
         terms.
       cell_gradient: backpropagate through the cell in the unrolled steps (see
         `unroll`).
+      detach_init: start the unroll from ``z_0`` with its gradient stopped, so that
+        ``h_phi`` learns from the ``l2`` term alone (the paper); ``False`` lets the
+        convergence and ``||G alpha||^2`` terms train it too.
+      error: ``"absolute"`` or ``"relative"`` (see `step_errors`), for the
+        convergence and initialisation terms.
 
     Returns:
       ``(loss, metrics)`` with metrics ``conv``, ``init``, ``alpha`` (the three terms
       before weighting) and ``final_rel_error`` (``||z_K - z*|| / ||z*||``, batch mean).
 
     Raises:
-      ValueError: if ``h_phi(x)`` does not have the structure and shapes of ``z_star``.
+      ValueError: if ``h_phi(x)`` does not have the structure and shapes of ``z_star``,
+        or for an unknown ``error``.
     """
+    if error not in ERRORS:
+        raise ValueError(f"error must be one of {', '.join(ERRORS)}, got {error!r}.")
     args = jax.lax.stop_gradient(args)
     z_star = jax.lax.stop_gradient(z_star)
     if initializer is None:
@@ -154,10 +211,11 @@ def neural_solver_loss(
     fn = _flat.flat_fn(f, layout, args)  # [B, D] -> [B, D]
     target = _flat.flatten(z_star, layout)
     z0_flat = _flat.flatten(z0, layout)
-    out = unroll(solver, params["solver"], fn, z0_flat, steps, cell_gradient)
-    err = jnp.mean(jnp.sum((out.zs - target) ** 2, axis=-1), axis=-1)  # [K]
+    start = jax.lax.stop_gradient(z0_flat) if detach_init else z0_flat
+    out = unroll(solver, params["solver"], fn, start, steps, cell_gradient)
+    err = jnp.mean(step_errors(out.zs, target, error), axis=-1)  # [K]
     conv = jnp.sum(step_weights(steps, err.dtype) * err)
-    init = jnp.mean(jnp.sum((z0_flat - target) ** 2, axis=-1))
+    init = jnp.mean(step_errors(z0_flat, target, error))
     alpha = jnp.sum(jnp.mean(out.mixed_residual_sq, axis=-1))
     loss = l1 * conv + l2 * init + l3 * alpha
     final = jnp.linalg.norm(out.zs[-1] - target, axis=-1) / jnp.linalg.norm(target, axis=-1)

@@ -76,12 +76,15 @@ class Task(abc.ABC):
         start_step: int = 0,
         process_index: int = 0,
         process_count: int = 1,
+        augment: bool = True,
     ) -> Iterator[data.Batch]:
         """Endless shuffled training batches, resumable at ``start_step``.
 
         See `deq_jax.tasks.data.train_batches`; ``batch_size`` is global. Where the task
-        augments its training batches (`augments_training`), each batch goes through
-        `augment_train_batch` with its global step.
+        augments its training batches (`augments_training`) and ``augment`` is true,
+        each batch goes through `augment_train_batch` with its global step;
+        ``augment=False`` gives the training examples as evaluation sees its own (a
+        neural solver's fit to a trained model).
         """
         batches = data.train_batches(
             self.source(self.train_split),
@@ -91,7 +94,7 @@ class Task(abc.ABC):
             process_index=process_index,
             process_count=process_count,
         )
-        if not self.augments_training:
+        if not (augment and self.augments_training):
             return batches
         return (
             self.augment_train_batch(

@@ -18,9 +18,11 @@ on another device or process count.
 Fitting a neural solver (`deq_jax.neural_solver`) to a trained DEQ lives here too:
 `train_hypersolver(config, workdir)` fits one to the DEQ of
 ``neural_solver.deq_workdir`` (``launch/main.py`` runs it when that is set) and
-`load_hypersolver` restores it; `FrozenDEQ` makes its training data, `collect_targets`
-and `NeuralSolverSpec` the pool and the config section, `train_neural_solver` the optax
-loop, and `AlternatingSolver` alternates DEQ and solver training.
+`load_hypersolver` restores it; `FrozenDEQ` makes its training data, `TargetStream`
+the fit's batches of known fixed points (fresh, or a pool cycled; `TargetResidualError`
+when they are not fixed points), `NeuralSolverSpec` the config section,
+`train_neural_solver` the optax loop, and `AlternatingSolver` alternates DEQ and solver
+training.
 
 Language models (`deq_jax.models.language`) train through the same loop with
 `LanguageModelFamily` (``lm_family``), which carries the segment memory from batch to
@@ -57,7 +59,8 @@ from deq_jax.training.preemption import PREEMPTED_EXIT_STATUS, StopRequests
 from deq_jax.training.regularizer import JacobianRegularizer
 from deq_jax.training.settle import SettleRule
 from deq_jax.training.setup import Run, restore_trained, setup
-from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit
+from deq_jax.training.solver_targets import TargetResidualError, TargetStream
 from deq_jax.training.solver_train import TrainedNeuralSolver, train_neural_solver
 from deq_jax.training.state import TrainState, create_train_state
 from deq_jax.training.steps import make_eval_step, make_spectral_step, make_train_step
@@ -97,6 +100,8 @@ __all__ = [
     "SolverFit",
     "StopRequests",
     "TaskFamily",
+    "TargetResidualError",
+    "TargetStream",
     "Targets",
     "TrainedNeuralSolver",
     "TrainState",
@@ -105,7 +110,6 @@ __all__ = [
     "WorkdirLockedError",
     "build",
     "classification_loss",
-    "collect_targets",
     "create_train_state",
     "evaluate_checkpoint",
     "family_for",

@@ -29,7 +29,7 @@ import jax
 from deq_jax.backward.ift import ift
 from deq_jax.solvers.anderson import anderson
 from deq_jax.training.frozen_deq import FrozenDEQ
-from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, fit
 
 
 class AlternatingSolver:
@@ -47,7 +47,8 @@ class AlternatingSolver:
     ):
         self.spec, self.model, self.task, self.emit = spec, model, task, emit
         self.fitted: SolverFit | None = None
-        self._batches = task.train_iterator(spec.batch_size, seed=spec.seed + 1)
+        # The transforms of evaluation: no augmentation of the solver's batches.
+        self._batches = task.train_iterator(spec.batch_size, seed=spec.seed + 1, augment=False)
 
     def due(self, step: int, start: int) -> bool:
         """Whether the solver is (re)fitted before training step ``step`` (1-based)."""
@@ -73,11 +74,9 @@ class AlternatingSolver:
             target_solver=spec.target_solver(),
             extras=self.task.batch_extras,
         )
-        pool = collect_targets(
-            frozen, self._batches, spec.target_batches, spec.max_target_residual, self.emit
-        )
+        targets = spec.targets(frozen, self._batches, self.emit)
         steps = spec.train_steps if first else spec.alt_finetune_steps
-        self.fitted = fit(spec, frozen, pool, num_steps=steps, start=self.fitted)
+        self.fitted = fit(spec, frozen, targets, num_steps=steps, start=self.fitted)
         self.emit(
             f"neural solver {'fitted' if first else 'fine-tuned'} at DEQ step "
             f"{int(state.step)}: {steps} steps in {self.fitted.seconds:.1f} s, loss "

@@ -5,7 +5,7 @@ section whose ``deq_workdir`` names the trained model's workdir. One run serves 
 family (`deq_jax.training.solver_run.fit_solvers`); `solver_family` picks what differs:
 
 * `TASKS`, the task models (`deq_jax.training.task_family`): training batches as the task
-  gives them; the comparison scores the eval splits (``eval.batch_size``,
+  gives them, not augmented; the comparison scores the eval splits (``eval.batch_size``,
   ``eval.max_batches``) and prints the accuracies (or the error) per split;
 * `deq_jax.training.lm_hypersolver.LANGUAGE`, the language model: training segments
   with their memory; the comparison streams validation segments.
@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 from flax import linen as nn
 
 from deq_jax.training.evaluate import Evaluator
@@ -52,9 +53,23 @@ __all__ = [
 def _task_batches(
     config: Any, run: Any, variables: Any, spec: NeuralSolverSpec
 ) -> Iterator[dict[str, Any]]:
-    """The task's training batches of ``spec.batch_size``, in an order of their own."""
+    """The task's training batches of ``spec.batch_size``, in an order of their own and
+    with the transforms of evaluation (no crops or flips: the paper's fit)."""
     del config, variables  # a task's batches do not depend on the model
-    return run.task.train_iterator(spec.batch_size, seed=spec.seed + 1)
+    return run.task.train_iterator(spec.batch_size, seed=spec.seed + 1, augment=False)
+
+
+def _task_held_out(
+    config: Any, run: Any, variables: Any, spec: NeuralSolverSpec, split: str
+) -> Iterator[dict[str, Any]]:
+    """Full batches of ``spec.batch_size`` of the eval ``split`` (the validation split,
+    else the first eval split, when empty)."""
+    del config, variables
+    task = run.task
+    split = split or task.validation_split or task.eval_splits[0]
+    for batch in task.eval_iterator(split, spec.batch_size):
+        if "mask" not in batch or bool(np.all(batch["mask"])):
+            yield batch
 
 
 def _task_score(config: Any, run: Any, model: nn.Module, max_iter: int) -> dict[str, Any]:
@@ -87,6 +102,7 @@ TASKS = SolverFamily(
     training=TaskFamily,
     extras=lambda run: run.task.batch_extras,
     batches=_task_batches,
+    held_out=_task_held_out,
     score=_task_score,
     eval_lines=_task_lines,
 )

@@ -40,15 +40,25 @@ MEMS = "mems"
 
 
 def segments_with_memory(
-    run: Any, variables: Any, batch_size: int, seq_len: int, *, warm: int = 1
+    run: Any,
+    variables: Any,
+    batch_size: int,
+    seq_len: int,
+    *,
+    warm: int = 1,
+    split: str | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Training segments ``{"inputs", "mems"}`` in stream order, each with the memory the
-    model built over the previous segments (the first ``warm`` segments only fill it)."""
+    """Training segments (or those of the eval ``split``) ``{"inputs", "mems"}`` in stream
+    order, each with the memory the model built over the previous segments (the first
+    ``warm`` segments only fill it)."""
     model = run.model
     advance = jax.jit(lambda v, t, m: model.apply(v, t, mems=m, train=False).mems)
     fresh = model.init_mems(batch_size)
     mems = fresh
-    batches = run.task.train_iterator(batch_size, seq_len)
+    if split is None:
+        batches = run.task.train_iterator(batch_size, seq_len)
+    else:
+        batches = run.task.eval_iterator(split, batch_size, seq_len)
     for i, batch in enumerate(batches):
         if batch["reset"]:
             mems = fresh
@@ -62,6 +72,14 @@ def _segments(
 ) -> Iterator[dict[str, Any]]:
     """`segments_with_memory` of ``spec.batch_size`` segments of ``train.seq_len``."""
     return segments_with_memory(run, variables, spec.batch_size, config.train.seq_len)
+
+
+def _held_out(
+    config: Any, run: Any, variables: Any, spec: NeuralSolverSpec, split: str
+) -> Iterator[dict[str, Any]]:
+    """`segments_with_memory` of ``split`` (the first eval split when empty)."""
+    split = split or run.task.eval_splits[0]
+    return segments_with_memory(run, variables, spec.batch_size, config.train.seq_len, split=split)
 
 
 def score_stream(config: Any, run: Any, model: nn.Module, max_iter: int) -> dict[str, Any]:
@@ -92,6 +110,7 @@ LANGUAGE = SolverFamily(
     training=LanguageModelFamily,
     extras=lambda run: (MEMS,),
     batches=_segments,
+    held_out=_held_out,
     score=score_stream,
     eval_lines=_lines,
     twice_unroll=True,

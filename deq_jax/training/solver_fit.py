@@ -4,10 +4,14 @@ Shared by the solver's own run (`deq_jax.training.hypersolver`) and by the alter
 mode of DEQ training (`deq_jax.training.alternating`):
 
 * `NeuralSolverSpec`: the config section as a dataclass (`NeuralSolverSpec.from_config`);
-* `collect_targets`: a pool of ``(args, x, z*)`` batches from a `FrozenDEQ`, with the
-  target solve's residual checked;
+  its defaults are the paper's recipe (loss weights, ``l3`` decayed over the first 40%
+  of the fit, ``h_phi`` trained by its own term, BPTT through all ``K`` steps, 1,000
+  steps on fresh batches);
+* `TargetStream`: the ``(args, x, z*)`` batches of a fit from a `FrozenDEQ`, each solved
+  as the fit asks for it (fresh batches) or a pool solved up front and cycled
+  (`collect_targets`), the target solve's residual checked (`TargetResidualError`);
 * `fit`: builds (or continues) a solver and an initialiser for the model's state and
-  trains them on the pool (`train_neural_solver`), timed.
+  trains them on those batches (`train_neural_solver`), timed.
 
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2, App. D).
@@ -18,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -28,6 +32,7 @@ import optax
 
 from deq_jax._sections import from_section
 from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
+from deq_jax.neural_solver.loss import ERRORS, PAPER_WEIGHTS
 from deq_jax.neural_solver.solver import init_neural_solver, neural_solver
 from deq_jax.neural_solver.state_shape import StateShape, state_shape_of
 from deq_jax.solvers.anderson import anderson
@@ -38,6 +43,7 @@ from deq_jax.training.frozen_deq import (
     initializer_kind,
     learned_init,
 )
+from deq_jax.training.solver_targets import TargetStream
 from deq_jax.training.solver_train import train_neural_solver
 
 
@@ -66,20 +72,32 @@ class NeuralSolverSpec:
         network meets iterates it was never trained on: let ``K`` cover the steps
         where the task's answers are decided (20 for prefix sums and mazes: 1.75x and
         1.7x fewer steps than Anderson, against 1.2x and 1.0x with ``K = 10``).
-      train_steps: optimisation steps of a solver fit.
+      train_steps: optimisation steps of a solver fit (the paper: 3,000-5,000).
       detached_steps: how many of the ``train_steps`` (the first ones) treat each image
         ``f(z_k)`` of the unroll as a constant: the gradient still flows through the
         mixing, the network and the iterates, but no backward pass runs through the
         cell, so such a step is several times cheaper. The remaining steps
-        backpropagate through the cell. A fit of another length (the fine-tunings of
-        ``alternating``) detaches the same fraction of its steps.
+        backpropagate through the cell (0, the paper's: all of them). A fit of another
+        length (the fine-tunings of ``alternating``) detaches the same fraction.
       batch_size: examples per training batch.
-      target_batches: batches in the pool of known fixed points (cycled through).
+      fresh_batches: every fit step solves a new batch of the model's training data
+        (the paper); ``False`` cycles a pool of ``target_batches`` batches solved up
+        front.
+      target_batches: batches in that pool.
       target_max_iter, target_tol: the Anderson solve giving the fixed points.
       max_target_residual: the largest mean relative residual of the fixed points
-        accepted (a larger one stops the run: the DEQ does not converge).
+        accepted (a larger one stops the run in one line, `TargetResidualError`: the
+        targets are not fixed points).
       learning_rate: Adam's learning rate (cosine-decayed to 10% over the fit).
-      l1, l2, l3: the loss weights (``l3`` decays linearly to 0).
+      l1, l2, l3: the loss weights of the convergence, initialiser and
+        ``||G alpha||^2`` terms (the paper's 0.1, 0.05, 1e-4).
+      l3_final, l3_decay: ``l3`` decays linearly to ``l3_final`` (the paper's 5e-8)
+        over the first ``l3_decay`` of the fit (0.4: its 2k of 5k steps).
+      detach_init: ``h_phi`` learns from its own term only (the paper): the unroll
+        starts from ``z_0`` with its gradient stopped. ``False``: the convergence and
+        alpha terms train it too.
+      error: ``"absolute"`` (the paper's ``||z_k - z*||^2``) or ``"relative"`` (each
+        sample's over ``||z*||^2``; `deq_jax.neural_solver.loss.step_errors`).
       ablations: also fit the ablations (no initialiser; least-squares alpha).
       seed: seeds the networks and the data order.
       alternating: in DEQ training, alternate DEQ and solver training (Appendix D).
@@ -100,17 +118,22 @@ class NeuralSolverSpec:
     tol: float = 1e-3
     max_iter: int = 30
     unroll_steps: int = 6
-    train_steps: int = 300
+    train_steps: int = 1_000
     detached_steps: int = 0
     batch_size: int = 32
+    fresh_batches: bool = True
     target_batches: int = 8
     target_max_iter: int = 80
     target_tol: float = 1e-6
-    max_target_residual: float = 1e-2
+    max_target_residual: float = 1e-3
     learning_rate: float = 1e-3
-    l1: float = 1.0
-    l2: float = 1.0
-    l3: float = 0.1
+    l1: float = PAPER_WEIGHTS["l1"]
+    l2: float = PAPER_WEIGHTS["l2"]
+    l3: float = PAPER_WEIGHTS["l3"]
+    l3_final: float = PAPER_WEIGHTS["l3_final"]
+    l3_decay: float = 0.4
+    detach_init: bool = True
+    error: str = "absolute"
     ablations: bool = False
     seed: int = 0
     alternating: bool = False
@@ -129,6 +152,12 @@ class NeuralSolverSpec:
                 f"neural_solver.detached_steps must lie in [0, train_steps={self.train_steps}], "
                 f"got {self.detached_steps}."
             )
+        if self.error not in ERRORS:
+            raise ValueError(
+                f"neural_solver.error must be one of {', '.join(ERRORS)}, got {self.error!r}."
+            )
+        if not 0 < self.l3_decay <= 1:
+            raise ValueError(f"neural_solver.l3_decay must lie in (0, 1], got {self.l3_decay}.")
 
     @classmethod
     def from_config(cls, section: Any) -> NeuralSolverSpec:
@@ -204,6 +233,22 @@ class NeuralSolverSpec:
         """The classic solver whose long runs give the fixed points."""
         return anderson(tol=self.target_tol, max_iter=self.target_max_iter)
 
+    def targets(
+        self,
+        frozen: FrozenDEQ,
+        batches: Iterator[dict[str, Any]],
+        emit: Callable[[str], None] | None = None,
+    ) -> TargetStream:
+        """The fit's known fixed points from ``batches``: fresh, or a pool of
+        ``target_batches`` cycled (``fresh_batches``), checked against
+        ``max_target_residual``.
+
+        Raises:
+          TargetResidualError: if the first targets are not fixed points.
+        """
+        pool = 0 if self.fresh_batches else self.target_batches
+        return TargetStream(frozen, batches, self.max_target_residual, pool=pool, emit=emit)
+
 
 # The fields of `NeuralSolverSpec` that a run's config keeps in ``deq.neural_solver``.
 BUDGET_FIELDS = ("tol", "max_iter", "target_tol", "target_max_iter")
@@ -216,7 +261,8 @@ class SolverFit(NamedTuple):
       solver: the trained `neural_solver`.
       init: the trained `LearnedInit`, or ``None`` without an initialiser.
       losses: the training loss per step.
-      seconds: wall time of the fit (training only).
+      seconds: wall time of the fit: its steps, and the target solves of fresh
+        batches (a pool's are solved before).
     """
 
     solver: neural_solver
@@ -225,38 +271,10 @@ class SolverFit(NamedTuple):
     seconds: float
 
 
-def collect_targets(
-    frozen: FrozenDEQ,
-    batches: Iterator[dict[str, Any]],
-    count: int,
-    max_residual: float,
-    emit: Callable[[str], None] = print,
-) -> list[Targets]:
-    """``count`` batches of known fixed points, their residual checked.
-
-    Raises:
-      ValueError: if the mean relative residual of the fixed points exceeds
-        ``max_residual`` (the DEQ does not converge well enough to teach a solver).
-    """
-    pool = [frozen.targets(b) for b in itertools.islice(batches, count)]
-    rel = np.concatenate([t.rel_residual for t in pool])
-    emit(
-        f"fixed points of {len(rel)} examples: relative residual mean {rel.mean():.2e}, "
-        f"max {rel.max():.2e} ({frozen.target_solver.max_iter} Anderson steps)"
-    )
-    if not rel.mean() <= max_residual:
-        raise ValueError(
-            f"The target solve leaves a mean relative residual {rel.mean():.2e} > "
-            f"neural_solver.max_target_residual={max_residual:g}: raise "
-            "deq.neural_solver.target_max_iter, or train a more stable DEQ."
-        )
-    return pool
-
-
 def fit(
     spec: NeuralSolverSpec,
     frozen: FrozenDEQ,
-    pool: list[Targets],
+    targets: Iterable[Targets],
     *,
     num_steps: int,
     alpha_mode: str = "learned",
@@ -264,16 +282,19 @@ def fit(
     start: SolverFit | None = None,
     emit: Callable[[str], None] | None = None,
 ) -> SolverFit:
-    """Trains a solver (and initialiser) for ``frozen``'s state on ``pool``.
+    """Trains a solver (and initialiser) for ``frozen``'s state on ``targets``.
 
     Args:
       spec: the config section.
       frozen: the frozen model (``f``).
-      pool: the known fixed points (`collect_targets`), cycled through.
+      targets: the known fixed points, one batch per step (`NeuralSolverSpec.targets`:
+        fresh, or a pool cycled); a `TargetStream`'s target solves count in the fit's
+        seconds.
       num_steps: optimisation steps.
       alpha_mode: ``"learned"`` or ``"least_squares"`` (see `neural_solver`).
       use_init: train an initialiser (``False``: start at zero).
-      start: a previous fit to continue (fine-tuning); its hyper-parameters win.
+      start: a previous fit to continue (fine-tuning); its hyper-parameters win, and
+        ``l3`` is 0.
       emit: receives a progress line (step, loss, elapsed time) about every tenth of
         the fit; ``None``: silent.
 
@@ -281,7 +302,9 @@ def fit(
       A `SolverFit`.
     """
     key = jax.random.PRNGKey(spec.seed)
-    state_shape = state_shape_of(pool[0].z_star)
+    targets = iter(targets)
+    first = next(targets)
+    state_shape = state_shape_of(first.z_star)
     if start is not None:
         solver = start.solver
         init_params = None if start.init is None else start.init.params.tree
@@ -289,7 +312,7 @@ def fit(
         solver = spec.untrained_solver(key, state_shape, alpha_mode)
         init_params = None
     initializer = spec.initializer(state_shape) if use_init else None
-    data = ((t.args, t.x, t.z_star) for t in itertools.cycle(pool))
+    data = ((t.args, t.x, t.z_star) for t in itertools.chain([first], targets))
     schedule = optax.cosine_decay_schedule(spec.learning_rate, num_steps, alpha=0.1)
     began = time.perf_counter()
 
@@ -308,10 +331,14 @@ def fit(
         l1=spec.l1,
         l2=spec.l2,
         l3=spec.l3 if start is None else 0.0,
+        l3_final=spec.l3_final if start is None else 0.0,
+        l3_decay=spec.l3_decay,
         init_params=init_params,
         on_step=None if emit is None else progress,
         log_every=max(1, num_steps // 10),
         detached_steps=spec.detached_count(num_steps),
+        detach_init=spec.detach_init,
+        error=spec.error,
     )
     jax.block_until_ready(trained.solver.variables)
     seconds = time.perf_counter() - began

@@ -7,15 +7,16 @@ and how the comparison reads. The run itself is the same for all:
 
 1. restore the trained model of ``neural_solver.deq_workdir`` and freeze its DEQ
    (`restore_frozen`, `deq_jax.training.FrozenDEQ`);
-2. solve ``target_batches`` batches to their fixed points with Anderson run long and
-   check the residual (`deq_jax.training.solver_fit.collect_targets`);
-3. fit HyperAnderson and the initialiser with the model frozen and, with ``ablations``,
+2. fit HyperAnderson and the initialiser with the model frozen and, with ``ablations``,
    the `VARIANTS` "no initialiser" and "least-squares alpha + learned beta"
-   (`fit_variants`), each checkpointed with orbax (`save_fit`; ``{workdir}/checkpoints``,
-   ``{workdir}/ablations/<name>``);
-4. score the model with Anderson and with the fitted solver at the solver's budget
+   (`fit_variants`), each on batches solved to their fixed points by Anderson run long,
+   a fresh batch a step (or a pool cycled), their residual checked
+   (`deq_jax.training.solver_targets.TargetStream`), each checkpointed with orbax
+   (`save_fit`; ``{workdir}/checkpoints``, ``{workdir}/ablations/<name>``);
+3. score the model with Anderson and with the fitted solver at the solver's budget
    (`compare`) and write ``neural_solver.json`` (`fit_report`: parameter counts, the
-   fit's time against the model's training time, the comparison).
+   fit's cost, its target solves included, against the model's training time, the
+   targets' residual, the comparison).
 
 `load_solvers` restores the fitted solvers for the solver sweeps. The fit runs on one
 device: the solver's network is tiny and its batches are small.
@@ -47,7 +48,7 @@ from deq_jax.training.evaluate import read_train_seconds
 from deq_jax.training.family import Family
 from deq_jax.training.frozen_deq import FrozenDEQ
 from deq_jax.training.setup import begin_run
-from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, collect_targets, fit
+from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit, fit
 from deq_jax.training.writers import write_json
 
 REPORT_FILE = "neural_solver.json"
@@ -73,6 +74,9 @@ class SolverFamily:
       extras: ``run -> batch keys`` that reach the cell as model keywords.
       batches: ``(config, run, variables, spec) -> batches`` that `FrozenDEQ.targets`
         solves (dicts with ``"inputs"`` and the ``extras``).
+      held_out: ``(config, run, variables, spec, split) -> batches`` as ``batches``,
+        from an eval split the fit never sees (``""``: the family's default), for
+        the diagnostics (``experiments/neural_solver/diagnose.py``).
       score: ``(config, run, model, max_iter) -> metrics`` of one model with its
         solver at ``max_iter`` (a tree of numbers).
       eval_lines: ``(comparison, run) -> lines`` that summarise `compare`'s result.
@@ -86,6 +90,7 @@ class SolverFamily:
     training: type[Family]
     extras: Callable[[Any], tuple[str, ...]]
     batches: Callable[[Any, Any, Any, NeuralSolverSpec], Iterator[dict[str, Any]]]
+    held_out: Callable[[Any, Any, Any, NeuralSolverSpec, str], Iterator[dict[str, Any]]]
     score: Callable[[Any, Any, nn.Module, int], Any]
     eval_lines: Callable[[dict[str, Any], Any], list[str]]
     twice_unroll: bool = False
@@ -154,35 +159,59 @@ def save_fit(directory: str, step: int, fitted: SolverFit) -> None:
     ckpt.close()
 
 
+class VariantFit(NamedTuple):
+    """One fitted variant, the targets it learned from (`TargetStream.summary`), its
+    whole cost (target solves and steps) and its first batch of `Targets` (shapes)."""
+
+    fitted: SolverFit
+    targets: dict[str, Any]
+    seconds: float
+    probe: Any
+
+
 def fit_variants(
-    spec: NeuralSolverSpec,
+    family: SolverFamily,
+    config: Any,
+    run: Any,
     frozen: FrozenDEQ,
-    pool: list,
+    spec: NeuralSolverSpec,
     workdir: str,
     emit: Callable[[str], None],
-) -> dict[str, SolverFit]:
-    """Fits the solver (and, with ``spec.ablations``, its `VARIANTS`) on ``pool`` and
-    checkpoints each under `variant_dir`."""
+) -> dict[str, VariantFit]:
+    """Fits the solver (and, with ``spec.ablations``, its `VARIANTS`), each on its own
+    `TargetStream` of the family's batches (the same batches for each), and checkpoints
+    each under `variant_dir`."""
     names = list(VARIANTS) if spec.ablations else ["hyper_anderson"]
-    fits: dict[str, SolverFit] = {}
-    for name in names:
+    fits: dict[str, VariantFit] = {}
+    for i, name in enumerate(names):
         alpha_mode, use_init = VARIANTS[name]
-        fits[name] = fit(
+        began = time.perf_counter()
+        batches = family.batches(config, run, frozen.variables, spec)
+        targets = spec.targets(frozen, batches, emit if i == 0 else None)
+        fitted = fit(
             spec,
             frozen,
-            pool,
+            targets,
             num_steps=spec.train_steps,
             alpha_mode=alpha_mode,
             use_init=use_init,
             emit=emit,
         )
-        losses = fits[name].losses
-        emit(
-            f"{name}: {spec.train_steps} steps in {fits[name].seconds:.1f} s, loss "
-            f"{losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
-        )
-        save_fit(variant_dir(workdir, name), spec.train_steps, fits[name])
+        seconds = time.perf_counter() - began
+        fits[name] = VariantFit(fitted, targets.summary(), seconds, targets.first)
+        emit(_fit_line(name, spec, fits[name]))
+        save_fit(variant_dir(workdir, name), spec.train_steps, fitted)
     return fits
+
+
+def _fit_line(name: str, spec: NeuralSolverSpec, done: VariantFit) -> str:
+    """A fitted variant's steps, cost (its target solves' share) and loss."""
+    losses, t = done.fitted.losses, done.targets
+    return (
+        f"{name}: {spec.train_steps} steps in {done.seconds:.1f} s ({t['seconds']:.1f} s "
+        f"solving {t['examples']} targets, relative residual mean "
+        f"{t['rel_residual_mean']:.2e}), loss {losses[0]:.4g} -> {np.mean(losses[-10:]):.4g}"
+    )
 
 
 def compare(
@@ -212,44 +241,46 @@ def compare(
 
 def fit_report(
     spec: NeuralSolverSpec,
-    pool: list,
-    fits: dict[str, SolverFit],
+    fits: dict[str, VariantFit],
     *,
     deq_params: int,
-    target_seconds: float,
     deq_seconds: float | None,
     evaluation: dict,
 ) -> dict[str, Any]:
-    """The ``neural_solver.json`` of a fit: shapes, sizes, times and ``evaluation``."""
+    """The ``neural_solver.json`` of a fit: shapes, sizes, the fit's cost against the
+    model's training, the targets' residual and ``evaluation``."""
     main = fits["hyper_anderson"]
-    solver_params = main.solver.params.size + (main.init.params.size if main.init else 0)
-    fit_seconds = target_seconds + main.seconds
+    probe = main.probe
+    solver = main.fitted
+    solver_params = solver.solver.params.size + (solver.init.params.size if solver.init else 0)
     return {
         "deq_workdir": spec.deq_workdir,
-        "state_shape": state_shape_json(state_shape_of(pool[0].z_star)),
-        "input_shape": list(pool[0].x.shape[1:]),
+        "state_shape": state_shape_json(state_shape_of(probe.z_star)),
+        "input_shape": list(probe.x.shape[1:]),
         "spec": dict(vars(spec)),
         "deq_params": deq_params,
         "solver_params": solver_params,
         "param_fraction": solver_params / deq_params,
-        "target_seconds": target_seconds,
+        "target_seconds": main.targets["seconds"],
+        "targets": {name: f.targets for name, f in fits.items()},
         "fit_seconds": {name: f.seconds for name, f in fits.items()},
         "deq_train_seconds": deq_seconds,
-        "time_fraction": None if not deq_seconds else fit_seconds / deq_seconds,
-        "final_loss": {name: float(np.mean(f.losses[-10:])) for name, f in fits.items()},
+        "time_fraction": None if not deq_seconds else main.seconds / deq_seconds,
+        "final_loss": {name: float(np.mean(f.fitted.losses[-10:])) for name, f in fits.items()},
         "eval": evaluation,
     }
 
 
 def _size_line(report: dict[str, Any], short: str) -> str:
-    """The solver's size and fitting time against the model's (``short`` names it)."""
-    fit_seconds = report["target_seconds"] + report["fit_seconds"]["hyper_anderson"]
+    """The solver's size and fitting cost against the model's (``short`` names it)."""
+    fit_seconds = report["fit_seconds"]["hyper_anderson"]
     share = ""
     if report["deq_train_seconds"]:
         share = f" ({100 * report['time_fraction']:.1f}% of the {short}'s training)"
     return (
         f"solver: {report['solver_params']} parameters ({100 * report['param_fraction']:.2f}% "
-        f"of the {short}'s {report['deq_params']}); fit {fit_seconds:.1f} s{share}"
+        f"of the {short}'s {report['deq_params']}); fit {fit_seconds:.1f} s, "
+        f"{report['target_seconds']:.1f} s of it solving targets{share}"
     )
 
 
@@ -269,8 +300,9 @@ def fit_solvers(
       A `HyperSolverRun`.
 
     Raises:
-      ValueError: if the model's workdir has no checkpoint, or the model does not
-        converge well enough to give fixed points (see `collect_targets`).
+      ValueError: if the model's workdir has no checkpoint.
+      TargetResidualError: if the model does not converge well enough to give fixed
+        points (see `TargetStream`).
       WorkdirLockedError: if another live run holds ``workdir``.
     """
     spec = NeuralSolverSpec.from_run_config(config)
@@ -285,19 +317,14 @@ def fit_solvers(
 def _fit_solvers(family, config, workdir, emit, spec: NeuralSolverSpec) -> HyperSolverRun:
     """`fit_solvers` once the workdir is held."""
     run, frozen = restore_frozen(family, config, emit)
-    batches = family.batches(config, run, frozen.variables, spec)
-    began = time.perf_counter()
-    pool = collect_targets(frozen, batches, spec.target_batches, spec.max_target_residual, emit)
-    target_seconds = time.perf_counter() - began
-    fits = fit_variants(spec, frozen, pool, workdir, emit)
+    fits = fit_variants(family, config, run, frozen, spec, workdir, emit)
+    main = fits["hyper_anderson"].fitted
     report = fit_report(
         spec,
-        pool,
         fits,
         deq_params=count_params(run.state.params),
-        target_seconds=target_seconds,
         deq_seconds=read_train_seconds(spec.deq_workdir, family.training.report_file),
-        evaluation=compare(family, config, run, frozen, fits["hyper_anderson"], spec),
+        evaluation=compare(family, config, run, frozen, main, spec),
     )
     path = os.path.join(workdir, REPORT_FILE)
     write_json(path, report, indent=2, sort_keys=True)
@@ -305,7 +332,7 @@ def _fit_solvers(family, config, workdir, emit, spec: NeuralSolverSpec) -> Hyper
     for line in family.eval_lines(report["eval"], run):
         emit(line)
     emit(f"Wrote {path}")
-    solvers = {name: (f.solver, f.init) for name, f in fits.items()}
+    solvers = {name: (f.fitted.solver, f.fitted.init) for name, f in fits.items()}
     return HyperSolverRun(run, frozen, solvers, report)
 
 

@@ -1,9 +1,10 @@
 """`train_neural_solver`: fits ``h_phi`` and HyperAnderson to a frozen DEQ with optax.
 
 A small, self-contained loop over batches of ``(cell args, injection, z*)``: one jitted
-Adam step on `deq_jax.neural_solver.neural_solver_loss` per batch, with the
-``||G alpha||^2`` weight decayed linearly to zero over the run. It returns the trained
-solver (weights frozen into a new `neural_solver`) and the initialiser's variables.
+Adam step on `deq_jax.neural_solver.neural_solver_loss` per batch, with the paper's
+weights by default and the ``||G alpha||^2`` weight decayed linearly over the first part
+of the run (`deq_jax.neural_solver.loss.alpha_weight`). It returns the trained solver
+(weights frozen into a new `neural_solver`) and the initialiser's variables.
 
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2).
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 import optax
 
-from deq_jax.neural_solver.loss import linear_decay, neural_solver_loss
+from deq_jax.neural_solver.loss import PAPER_WEIGHTS, alpha_weight, neural_solver_loss
 from deq_jax.neural_solver.solver import neural_solver
 
 
@@ -50,13 +51,17 @@ def train_neural_solver(
     key: jax.Array,
     steps: int = 6,
     optimizer: optax.GradientTransformation | None = None,
-    l1: float = 1.0,
-    l2: float = 1.0,
-    l3: float = 0.1,
+    l1: float = PAPER_WEIGHTS["l1"],
+    l2: float = PAPER_WEIGHTS["l2"],
+    l3: float = PAPER_WEIGHTS["l3"],
+    l3_final: float = PAPER_WEIGHTS["l3_final"],
+    l3_decay: float = 0.4,
     init_params: Any = None,
     on_step: Callable[[int, float], None] | None = None,
     log_every: int = 0,
     detached_steps: int = 0,
+    detach_init: bool = True,
+    error: str = "absolute",
 ) -> TrainedNeuralSolver:
     """Trains the solver's network and the initialiser on a frozen cell.
 
@@ -72,8 +77,12 @@ def train_neural_solver(
       key: PRNG key of the initialiser's variables (when ``init_params`` is ``None``).
       steps: ``K``, the unrolled HyperAnderson steps per example.
       optimizer: an optax optimiser; Adam with learning rate ``1e-3`` by default.
-      l1, l2: weights of the convergence and initialisation terms.
-      l3: starting weight of the ``||G alpha||^2`` term, decayed linearly to zero.
+      l1, l2: weights of the convergence and initialisation terms (the paper's 0.1
+        and 0.05 by default).
+      l3: starting weight of the ``||G alpha||^2`` term (the paper's 1e-4), decayed
+        linearly to ``l3_final`` (its 5e-8) over the first ``l3_decay`` of the steps
+        (`alpha_weight`).
+      l3_final, l3_decay: see ``l3``.
       init_params: starting initialiser variables, if any.
       on_step: called as ``on_step(step, loss)`` (``step`` counted from one) every
         ``log_every`` steps and after the last one, e.g. to print progress.
@@ -82,6 +91,8 @@ def train_neural_solver(
         ``f(z_k)`` of the unroll as a constant (no backward pass through ``f``, so
         several times cheaper; see `deq_jax.neural_solver.loss.unroll`); the rest
         backpropagate through ``f``.
+      detach_init, error: see `neural_solver_loss` (``h_phi`` trained by its own term;
+        the absolute error).
 
     Returns:
       A `TrainedNeuralSolver`.
@@ -106,8 +117,12 @@ def train_neural_solver(
     params = {"solver": solver.variables, "init": init_params}
     opt_state = optimizer.init(params)
 
-    update = _make_update(solver, initializer, f, optimizer, steps=steps, l1=l1, l2=l2)
-    schedule = _Schedule(num_steps, l3, detached_steps, on_step, log_every)
+    terms = dict(steps=steps, l1=l1, l2=l2, detach_init=detach_init, error=error)
+    update = _make_update(solver, initializer, f, optimizer, **terms)
+    alpha = functools.partial(
+        alpha_weight, l3, num_steps=num_steps, fraction=l3_decay, final=l3_final
+    )
+    schedule = _Schedule(num_steps, alpha, detached_steps, on_step, log_every)
     params, losses = _optimise(update, params, opt_state, itertools.chain([first], it), schedule)
     return TrainedNeuralSolver(
         solver=solver.with_params(params["solver"]),
@@ -117,10 +132,10 @@ def train_neural_solver(
 
 
 class _Schedule(NamedTuple):
-    """How `_optimise` runs: steps, the decaying ``l3``, the detached steps, the logging."""
+    """How `_optimise` runs: steps, ``l3`` per step, the detached steps, the logging."""
 
     num_steps: int
-    l3: float
+    l3: Callable[[int], float]
     detached_steps: int
     on_step: Callable[[int, float], None] | None
     log_every: int
@@ -145,14 +160,16 @@ def _optimise(
         batch = next(batches, None)
         if batch is None:
             raise ValueError(f"batches ran out after {step} of {num_steps} steps.")
-        l3_now = linear_decay(schedule.l3, step, num_steps)
+        l3_now = schedule.l3(step)
         detached = step < schedule.detached_steps
         params, opt_state, loss = update(params, opt_state, batch, l3_now, not detached)
-        losses.append(loss)
+        # Waits for the step, so that the next batch's target solve is timed alone
+        # (`deq_jax.training.solver_targets.TargetStream`).
+        losses.append(float(loss))
         done = step + 1
         if on_step is not None and (done == num_steps or (log_every and done % log_every == 0)):
             on_step(done, float(loss))
-    return params, np.asarray(jax.device_get(losses))
+    return params, np.asarray(losses, np.float32)
 
 
 def _make_update(
@@ -160,13 +177,11 @@ def _make_update(
     initializer: nn.Module | None,
     f: Callable[[Any, Any], Any],
     optimizer: optax.GradientTransformation,
-    *,
-    steps: int,
-    l1: float,
-    l2: float,
+    **terms: Any,
 ) -> Callable[..., tuple[Any, Any, jax.Array]]:
     """The jitted optimisation step ``update(params, opt_state, batch, l3, cell_gradient)
-    -> (params, opt_state, loss)`` on `neural_solver_loss` (``cell_gradient`` static)."""
+    -> (params, opt_state, loss)`` on `neural_solver_loss` with ``terms`` (``steps``,
+    the weights, ``detach_init``, ``error``; ``cell_gradient`` static)."""
 
     @functools.partial(jax.jit, static_argnums=4)
     def update(params, opt_state, batch, l3_now, cell_gradient):
@@ -179,11 +194,9 @@ def _make_update(
             args,
             x,
             z_star,
-            steps=steps,
-            l1=l1,
-            l2=l2,
             l3=l3_now,
             cell_gradient=cell_gradient,
+            **terms,
         )
         (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)

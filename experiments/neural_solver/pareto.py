@@ -28,8 +28,9 @@ References:
 from __future__ import annotations
 
 import functools
+import itertools
+import json
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ import numpy as np
 from absl import flags
 
 from deq_jax.training.writers import write_json
+from experiments.neural_solver.pareto_lm import residual_curves_lm, sweep_lm, timed
 from launch import flags as launch_flags
 
 DEFAULT_BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -51,7 +53,14 @@ def define_flags() -> None:
     """This program's flags (``--config`` and ``--workdir`` come from `launch.main`)."""
     flags.DEFINE_list("budgets", [str(b) for b in DEFAULT_BUDGETS], "Iteration budgets.")
     flags.DEFINE_integer("repeats", 7, "Timed calls per solver and budget (median kept).")
-    flags.DEFINE_integer("max_batches", 2, "Eval batches for residual and metric.")
+    flags.DEFINE_integer("max_batches", 2, "Eval batches for residual and metric (0: all).")
+    flags.DEFINE_list("solvers", [], "The solvers swept (empty: every one of the lineup).")
+    flags.DEFINE_string(
+        "reuse_classic",
+        "",
+        "An earlier solver_pareto.json of the same DEQ, split, batches and budgets: its "
+        "classic solvers' metrics are reused (they do not depend on the fit), and only timed.",
+    )
     flags.DEFINE_string("split", "", "Eval split (empty: the task's first eval split).")
     flags.DEFINE_float(
         "margin",
@@ -61,12 +70,16 @@ def define_flags() -> None:
     )
 
 
-def solver_lineup(hyper: Any) -> dict[str, tuple[Any, Any]]:
-    """``{name: (solver, z_init)}``: the classic solvers from zero, the neural ones.
+def solver_lineup(hyper: Any, only: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+    """``{name: (solver, z_init)}``: the classic solvers from zero, the neural ones
+    (those named in ``only``, when given).
 
     Besides the fitted variants: ``init_only`` (the trained initialiser with Anderson)
     and, for a solver fitted without ``anderson_tail``, ``hyper_anderson_tail`` (the
     same solver handing over to Anderson after the ``K`` steps it was trained on).
+
+    Raises:
+      ValueError: for a name in ``only`` that is not in the lineup.
     """
     from deq_jax import solvers
 
@@ -83,7 +96,10 @@ def solver_lineup(hyper: Any) -> dict[str, tuple[Any, Any]]:
         lineup["hyper_anderson_tail"] = (main.replace(anderson_after=unroll), main_init or "zeros")
     if main_init is not None:
         lineup["init_only"] = (solvers.anderson(m=5), main_init)
-    return lineup
+    unknown = sorted(set(only) - set(lineup))
+    if unknown:
+        raise ValueError(f"Unknown solvers {unknown}; the lineup: {', '.join(lineup)}.")
+    return {name: pair for name, pair in lineup.items() if not only or name in only}
 
 
 def metric_key(metrics: dict[str, float]) -> tuple[str, bool]:
@@ -105,25 +121,28 @@ def metric_target(key: str, best: float, higher: bool, margin: float = METRIC_MA
     return best + margin if key == "bpc" else best * (1 + margin)
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    began = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - began
-
-
 def sweep(
-    hyper: Any, split: str, budgets: Sequence[int], repeats: int, max_batches: int, batch_size: int
+    hyper: Any,
+    lineup: dict[str, tuple[Any, Any]],
+    split: str,
+    budgets: Sequence[int],
+    repeats: int,
+    max_batches: int,
+    batch_size: int,
+    cached: dict[str, list[dict[str, float]]] | None = None,
 ) -> dict[str, list[dict[str, float]]]:
-    """``{solver: [row per budget]}`` with time, residual, metric and nstep per row."""
+    """``{solver: [row per budget]}`` of the ``lineup`` (`solver_lineup`) with time,
+    residual, metric and nstep per row, on ``max_batches`` batches (0: the whole split);
+    a solver in ``cached`` (its rows of an earlier sweep) is only timed."""
     from deq_jax.training import evaluate, metrics, steps
 
     deq, frozen = hyper.deq, hyper.frozen
     task, mesh, state = deq.task, deq.mesh, deq.state
     extras = tuple(task.batch_extras)
-    batches = list(task.eval_iterator(split, batch_size))[:max_batches]
+    batches = list(itertools.islice(task.eval_iterator(split, batch_size), max_batches or None))
     batches = [evaluate.device_batch(b, mesh, extras) for b in batches]
     calls = {}
-    for name, (solver, z_init) in solver_lineup(hyper).items():
+    for name, (solver, z_init) in lineup.items():
         for budget in budgets:
             model = frozen.with_solver(solver.replace(full_budget=True, max_iter=budget), z_init)
             calls[name, budget] = steps.make_eval_step(
@@ -134,23 +153,29 @@ def sweep(
                 regression=metrics.is_regression(task),
                 extras=extras,
             )
+    cached = cached or {}
     results = {
         key: metrics.combine_split(task, jax.device_get([fn(state, b) for b in batches]))
         for key, fn in calls.items()
+        if key[0] not in cached
     }
+    for name, rows in cached.items():
+        results.update({(name, r["budget"]): r for r in rows if r["budget"] in budgets})
     times: dict[tuple[str, int], list[float]] = {key: [] for key in calls}
     for _ in range(repeats):  # interleaved, so every solver sees the same load
         for key, fn in calls.items():
-            times[key].append(_timed(lambda fn=fn: fn(state, batches[0])))
+            times[key].append(timed(lambda fn=fn: fn(state, batches[0])))
     table: dict[str, list[dict[str, float]]] = {}
-    for (name, budget), values in results.items():
-        row = {k: float(v) for k, v in values.items()}
+    for name, budget in calls:  # the lineup's order
+        row = {k: float(v) for k, v in results[name, budget].items()}
         row.update(budget=budget, seconds=float(np.median(times[name, budget])))
         table.setdefault(name, []).append(row)
     return table
 
 
-def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> dict[str, list]:
+def residual_curves(
+    hyper: Any, lineup: dict[str, tuple[Any, Any]], split: str, steps_max: int, batch_size: int
+) -> dict[str, list]:
     """Mean relative residual after each solver step (Figure 8a), one batch."""
     from deq_jax.nn.intercept import deq_call
 
@@ -158,7 +183,7 @@ def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> 
     batch = next(iter(task.eval_iterator(split, batch_size)))
     extras = {k: batch[k] for k in task.batch_extras}
     curves = {}
-    for name, (solver, z_init) in solver_lineup(hyper).items():
+    for name, (solver, z_init) in lineup.items():
         model = hyper.frozen.with_solver(
             solver.replace(full_budget=True, max_iter=steps_max, stop_mode="rel"), z_init
         )
@@ -170,102 +195,12 @@ def residual_curves(hyper: Any, split: str, steps_max: int, batch_size: int) -> 
     return curves
 
 
-def _lm_segments(hyper: Any, split: str, batch_size: int, count: int, seq_len: int) -> list[Any]:
-    """The first ``count`` segments of ``split`` in stream order, on the mesh."""
-    import itertools
-
-    from deq_jax.training.lm_evaluate import lm_device_batch
-
-    run = hyper.deq
-    batches = run.task.eval_iterator(split, batch_size, seq_len)
-    return [lm_device_batch(b, run.mesh) for b in itertools.islice(batches, count)]
-
-
-def sweep_lm(
-    hyper: Any,
-    split: str,
-    budgets: Sequence[int],
-    repeats: int,
-    max_batches: int,
-    batch_size: int,
-    *,
-    seq_len: int,
-) -> dict[str, list[dict[str, float]]]:
-    """`sweep` for a language model: each solver streams the first ``max_batches``
-    segments of ``split`` with the segment memory (bits per character, residual, steps);
-    the time is that of one segment batch with a filled memory."""
-    import numpy as np
-
-    from deq_jax.training.lm_steps import make_lm_eval_step, place_memory
-
-    run, frozen = hyper.deq, hyper.frozen
-    template = jax.tree_util.tree_map(np.asarray, run.model.init_mems(batch_size))
-    segments = _lm_segments(hyper, split, batch_size, max(max_batches, 2), seq_len)
-    table: dict[str, list[dict[str, float]]] = {}
-    timed = {}
-    for name, (solver, z_init) in solver_lineup(hyper).items():
-        for budget in budgets:
-            model = frozen.with_solver(solver.replace(full_budget=True, max_iter=budget), z_init)
-            step = make_lm_eval_step(model, run.mesh, template, max_iter=budget, donate=False)
-            mems, totals = place_memory(template, run.mesh, batch_size), {}
-            for batch in segments:
-                before = mems
-                mems, sums = step(run.state, mems, batch)
-                for k, v in jax.device_get(sums).items():
-                    totals[k] = totals.get(k, 0.0) + float(v)
-            timed[name, budget] = (step, before, segments[-1])
-            rows = max(totals["rows"], 1.0)
-            row = dict(run.task.summarize(totals["nll_sum"], totals["count"]))
-            row.update(
-                budget=budget,
-                nstep_mean=totals["nstep_sum"] / rows,
-                rel_residual=totals["rel_residual_sum"] / rows,
-                converged=totals["converged_sum"] / rows,
-            )
-            table.setdefault(name, []).append(row)
-    times: dict[tuple[str, int], list[float]] = {key: [] for key in timed}
-    for _ in range(repeats):  # interleaved, so every solver sees the same load
-        for key, (step, mems, batch) in timed.items():
-            times[key].append(_timed(lambda s=step, m=mems, b=batch: s(run.state, m, b)))
-    for name, rows in table.items():
-        for row in rows:
-            row["seconds"] = float(np.median(times[name, row["budget"]]))
-    return table
-
-
-def residual_curves_lm(
-    hyper: Any, split: str, steps_max: int, batch_size: int, *, seq_len: int
-) -> dict:
-    """`residual_curves` for a language model: the second segment of ``split`` with the
-    memory of the first."""
-    import numpy as np
-
-    from deq_jax.nn.intercept import deq_call
-
-    run, frozen = hyper.deq, hyper.frozen
-    first, second = _lm_segments(hyper, split, batch_size, 2, seq_len)
-    mems = run.model.apply(
-        frozen.variables, first["inputs"], mems=run.model.init_mems(batch_size), train=False
-    ).mems
-    curves = {}
-    for name, (solver, z_init) in solver_lineup(hyper).items():
-        model = frozen.with_solver(
-            solver.replace(full_budget=True, max_iter=steps_max, stop_mode="rel"), z_init
-        )
-        call = jax.jit(
-            lambda v, x, m, model=model: (
-                deq_call(model, v, x, max_iter=steps_max, mems=m).stats.trace
-            )
-        )
-        trace = np.asarray(call(frozen.variables, second["inputs"], mems))  # [B, T]
-        curves[name] = [float(x) for x in np.mean(trace, axis=0)]
-    return curves
-
-
 def _first(rows: list[dict], ok: Callable[[dict], bool]) -> dict | None:
-    """The cheapest row (by time) meeting ``ok``."""
+    """The row of the smallest budget meeting ``ok``: its time is that budget's, not the
+    least time of any budget meeting it (on a loaded machine a larger budget can time
+    faster, and the least of many noisy times favours the solver with more rows)."""
     good = [r for r in rows if ok(r)]
-    return min(good, key=lambda r: r["seconds"]) if good else None
+    return min(good, key=lambda r: r["budget"]) if good else None
 
 
 def summarize(
@@ -298,7 +233,29 @@ def summarize(
         for what in ("residual", "metric"):
             mine, ref = out[name][f"seconds_to_{what}"], out["anderson"][f"seconds_to_{what}"]
             out[name][f"speedup_{what}_vs_anderson"] = ref / mine if mine and ref else None
+            mine, ref = out[name][f"budget_to_{what}"], out["anderson"][f"budget_to_{what}"]
+            out[name][f"evals_ratio_{what}_vs_anderson"] = ref / mine if mine and ref else None
     return out
+
+
+CLASSIC = ("anderson", "broyden", "fixed_point_iteration")
+
+
+def reused_rows(path: str, expected: dict[str, Any], names: Sequence[str]) -> dict[str, list]:
+    """The classic solvers' rows (of ``names``) of an earlier ``solver_pareto.json``.
+
+    Raises:
+      ValueError: if that sweep's DEQ, split, batches or budgets differ from ``expected``.
+    """
+    with open(path) as f:
+        earlier = json.load(f)
+    for key, value in expected.items():
+        have = earlier.get(key)
+        if key == "budgets" and have is not None and set(value) <= set(have):
+            continue
+        if have != value:
+            raise ValueError(f"{path} swept {key}={have!r}, not {value!r}: it cannot be reused.")
+    return {n: earlier["table"][n] for n in names if n in CLASSIC and n in earlier["table"]}
 
 
 def run_pareto(
@@ -310,9 +267,13 @@ def run_pareto(
     max_batches: int = 2,
     split: str = "",
     margin: float = METRIC_MARGIN,
+    solvers: Sequence[str] = (),
+    reuse_classic: str = "",
     emit: Callable[[str], None] = print,
 ) -> dict:
-    """Sweeps, summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
+    """Sweeps the ``solvers`` (every one of `solver_lineup` when empty; the classic ones'
+    metrics read from ``reuse_classic``, an earlier report, when given: `reused_rows`),
+    summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
     from deq_jax.training.hypersolver import load_hypersolver, solver_family
     from deq_jax.training.lm_hypersolver import LANGUAGE
     from experiments.neural_solver.plots import plot_pareto
@@ -327,13 +288,21 @@ def run_pareto(
     split = split or hyper.deq.task.eval_splits[0]
     unroll = int(hyper.report["spec"]["unroll_steps"])
     batch_size = config.eval.batch_size
-    table = sweep_fn(hyper, split, budgets, repeats, max_batches, batch_size)
-    curves = curves_fn(hyper, split, max(max(budgets), 4 * unroll), batch_size)
-    report = {
+    lineup = solver_lineup(hyper, solvers)
+    same = {
+        "deq_workdir": hyper.report["deq_workdir"],
         "split": split,
-        "budgets": list(budgets),
-        "repeats": repeats,
         "batch_size": batch_size,
+        "max_batches": max_batches,
+        "budgets": list(budgets),
+    }
+    cached = reused_rows(reuse_classic, same, list(lineup)) if reuse_classic else {}
+    table = sweep_fn(hyper, lineup, split, budgets, repeats, max_batches, batch_size, cached=cached)
+    curves = curves_fn(hyper, lineup, split, max(max(budgets), 4 * unroll), batch_size)
+    report = {
+        **same,
+        "reused_classic": reuse_classic or None,
+        "repeats": repeats,
         "devices": jax.device_count(),
         "unroll_steps": unroll,
         "solver_fit": {k: hyper.report[k] for k in ("param_fraction", "time_fraction")},
@@ -354,7 +323,8 @@ def run_pareto(
             f"{_fmt(s['seconds_to_residual'])} s (x{_fmt(s['speedup_residual_vs_anderson'])}); "
             f"to {key} {report['summary']['metric_target']:.4f}: budget "
             f"{s['budget_to_metric']}, {_fmt(s['seconds_to_metric'])} s "
-            f"(x{_fmt(s['speedup_metric_vs_anderson'])}); residual at K/2K/end "
+            f"(x{_fmt(s['speedup_metric_vs_anderson'])} in time, "
+            f"x{_fmt(s['evals_ratio_metric_vs_anderson'])} in evaluations); residual at K/2K/end "
             f"{_fmt(s['residual_at_K'])}/{_fmt(s['residual_at_2K'])}/{_fmt(s['residual_at_end'])}"
         )
     emit(f"Wrote {path} and {figure}")
@@ -377,6 +347,8 @@ def main(argv: Sequence[str]) -> None:
         max_batches=flag.max_batches,
         split=flag.split,
         margin=flag.margin,
+        solvers=flag.solvers,
+        reuse_classic=flag.reuse_classic,
         emit=lambda line: print(line, flush=True),
     )
 
