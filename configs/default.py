@@ -239,12 +239,13 @@ def hypersolver(
                 hidden=8,
                 unroll_steps=3,
                 train_steps=4,
-                detached_steps=2 if ns.detached_steps else 0,
                 batch_size=8,
                 target_batches=2,
                 max_target_residual=1.0,
             )
         )
+        if ns.detached_steps:
+            ns.detached_steps = 2
     return config
 
 

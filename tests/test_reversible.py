@@ -339,6 +339,7 @@ def test_language_model_cell_gradient_is_exact(x64):
     assert np.all(np.asarray(stats.nstep) == 9)
 
 
+@pytest.mark.slow  # 78 s in CI; the LM cell's test keeps a flagship cell there
 def test_mdeq_cell_gradient_is_exact(x64):
     from configs import mdeq_fashion_mnist
     from deq_jax.nn import deq_call
