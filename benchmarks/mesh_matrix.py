@@ -23,38 +23,17 @@ from absl import app, flags
 
 from deq_jax.training.writers import write_json
 
-_OUT = flags.DEFINE_string("out", "", "Where to write the rows (JSON).")
-_FAMILIES = flags.DEFINE_list("families", ["prefix_sum", "lm", "mdeq", "clrs"], "Families.")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MESHES = {
-    "data 8": {"data": 8, "fsdp": 1, "tensor": 1},
-    "fsdp 8": {"data": 1, "fsdp": 8, "tensor": 1},
-    "data 2 x fsdp 4": {"data": 2, "fsdp": 4, "tensor": 1},
-    "fsdp 4 x tensor 2": {"data": 1, "fsdp": 4, "tensor": 2},
-}
-BACKWARDS = {
-    "ift": {"deq.backward.name": "ift"},
-    "phantom": {"deq.backward.name": "phantom"},
-    "reversible": {
-        "deq.solver.name": "reversible",
-        "deq.backward.name": "reversible",
-        "deq.solver.full_budget": True,
-    },
-}
-TENSOR_FAMILIES = ("lm", "mdeq")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import mesh_runs  # noqa: E402 - the jobs' runner and the matrix, shared with the tests
+
+MESHES = mesh_runs.MESHES
+
+_OUT = flags.DEFINE_string("out", "", "Where to write the rows (JSON).")
+_FAMILIES = flags.DEFINE_list("families", list(mesh_runs.MATRIX_FAMILIES), "Families.")
+
 # The test suite's compilation flags (tests/conftest.py): the same programs as the tests.
 SUITE_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
-
-
-def matrix(families):
-    """``(family, mesh, backward)``: every mesh with ift, phantom and reversible on fsdp 8."""
-    for family in families:
-        for mesh in MESHES:
-            if mesh != "fsdp 4 x tensor 2" or family in TENSOR_FAMILIES:
-                yield family, mesh, "ift"
-        for backward in ("phantom", "reversible"):
-            yield family, "fsdp 8", backward
 
 
 def _run(jobs, devices: int) -> list[list[float]]:
@@ -80,12 +59,12 @@ def _run(jobs, devices: int) -> list[list[float]]:
 
 def main(argv) -> None:
     del argv
-    cells = list(matrix(_FAMILIES.value))
+    cells = list(mesh_runs.matrix(_FAMILIES.value))
     with tempfile.TemporaryDirectory() as tmp:
         refs = sorted({(f, b) for f, _, b in cells})
-        ones = [[f, f"{tmp}/{f}-{b}-1", dict(BACKWARDS[b])] for f, b in refs]
+        ones = [[f, f"{tmp}/{f}-{b}-1", dict(mesh_runs.BACKWARDS[b])] for f, b in refs]
         eights = [
-            [f, f"{tmp}/{f}-{b}-{i}-8", {**BACKWARDS[b], "train.mesh": MESHES[m]}]
+            [f, f"{tmp}/{f}-{b}-{i}-8", {**mesh_runs.BACKWARDS[b], "train.mesh": MESHES[m]}]
             for i, (f, m, b) in enumerate(cells)
         ]
         one = dict(zip(refs, _run(ones, 1), strict=True))

@@ -51,6 +51,25 @@ BACKWARDS = {
         "deq.solver.full_budget": True,
     },
 }
+# The meshes of the matrix, and the families with tensor partition rules.
+MESHES = {
+    "data8": {"data": 8, "fsdp": 1, "tensor": 1},
+    "fsdp8": {"data": 1, "fsdp": 8, "tensor": 1},
+    "data2_fsdp4": {"data": 2, "fsdp": 4, "tensor": 1},
+    "fsdp4_tensor2": {"data": 1, "fsdp": 4, "tensor": 2},
+}
+TENSOR_FAMILIES = ("lm", "mdeq")
+MATRIX_FAMILIES = ("prefix_sum", "lm", "mdeq", "clrs")
+
+
+def matrix(families=MATRIX_FAMILIES):
+    """``(family, mesh, backward)``: every mesh with ift, phantom and reversible on fsdp 8."""
+    for family in families:
+        for mesh in MESHES:
+            if mesh != "fsdp4_tensor2" or family in TENSOR_FAMILIES:
+                yield family, mesh, "ift"
+        for backward in ("phantom", "reversible"):
+            yield family, "fsdp8", backward
 
 
 def make_config(family: str, overrides: dict):

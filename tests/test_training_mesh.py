@@ -35,17 +35,8 @@ import mesh_runs
 mesh_runs.main(sys.argv)
 """.format(tests=f"{ROOT}/tests")
 
-FSDP8 = {"data": 1, "fsdp": 8, "tensor": 1}
-DATA8 = {"data": 8, "fsdp": 1, "tensor": 1}
-DATA2_FSDP4 = {"data": 2, "fsdp": 4, "tensor": 1}
-FSDP4_TENSOR2 = {"data": 1, "fsdp": 4, "tensor": 2}
-MESHES = {
-    "data8": DATA8,
-    "fsdp8": FSDP8,
-    "data2_fsdp4": DATA2_FSDP4,
-    "fsdp4_tensor2": FSDP4_TENSOR2,
-}
-TENSOR_FAMILIES = ("lm", "mdeq")  # the models with tensor partition rules
+MESHES = mesh_runs.MESHES
+FSDP4_TENSOR2 = MESHES["fsdp4_tensor2"]
 # The CI run of each family: (mesh, backward mode); every mesh and mode together. MDEQ
 # runs in the slow matrix only (its compile doubled this module's CI time, and its losses
 # drift past 1e-4 by rounding on every mesh, data 8 included: `DRIFT`).
@@ -129,19 +120,8 @@ def test_family_trains_on_a_mesh_with_the_same_losses(ci_runs, family):
     _check_same_losses(family, one, eight)
 
 
-def _matrix():
-    for family in mesh_runs.CONFIGS:
-        if family == "lm_reversible":
-            continue
-        for mesh in MESHES:
-            if mesh != "fsdp4_tensor2" or family in TENSOR_FAMILIES:
-                yield family, mesh, "ift"
-        for backward in ("phantom", "reversible"):
-            yield family, "fsdp8", backward
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("family,mesh,backward", list(_matrix()))
+@pytest.mark.parametrize("family,mesh,backward", list(mesh_runs.matrix()))
 def test_matrix_same_losses_on_one_and_eight_devices(tmp_path, family, mesh, backward):
     one = _job(family, tmp_path / "one", "data8", backward)
     one[2].pop("train.mesh")
