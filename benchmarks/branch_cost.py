@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from benchmarks import conv_cost, step_cost
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from launch import flags as launch_flags
 
 _SHAPE = flags.DEFINE_list("shape", ["32", "11", "11", "64"], "B,H,W,C of the convolutions.")
@@ -81,7 +81,7 @@ def conv_gradient_ms(shape: Sequence[int], repeats: int, convolution: str) -> di
 def train_step_seconds(config, workdir: str, budget: int, backward: str, repeats: int) -> dict:
     """The config's train step (`benchmarks.step_cost`) with the Jacobian draw masked and as
     a `jax.lax.cond`: ``{"masked": s, "cond": s}``."""
-    from deq_jax.training import steps
+    from deq_jax.training.families import steps
 
     patched = steps.branches_are_slow
     seconds = {}

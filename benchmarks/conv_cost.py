@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from absl import flags
 
 from benchmarks import step_cost
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from launch import flags as launch_flags
 
 _SHAPES = flags.DEFINE_multi_string(

@@ -78,8 +78,8 @@ def inject(name: str, point: str) -> Iterator[None]:
     commit of the checkpoint of `SAVE_AT`, as ``"save"`` is for SIGKILL), once."""
     from orbax.checkpoint._src.path import atomicity
 
-    from deq_jax.training import loop as loop_module
-    from deq_jax.training.checkpoint import Checkpointer
+    from deq_jax.training.loop import loop as loop_module
+    from deq_jax.training.run.checkpoint import Checkpointer
 
     at = POINTS.get(point, SAVE_AT)
     fired = []
@@ -147,7 +147,7 @@ def inject(name: str, point: str) -> Iterator[None]:
 
 
 def _last_trained(workdir: str) -> int:
-    from deq_jax.training import writers
+    from deq_jax.training.run import writers
 
     steps = [r["step"] for r in writers.read_metrics(workdir) if r["split"] == "train"]
     return max(steps, default=0)

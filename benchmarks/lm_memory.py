@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from launch import flags as launch_flags
 
 _BUDGETS = flags.DEFINE_list("budgets", ["30", "60", "120"], "Forward budgets.")
@@ -40,9 +40,9 @@ def measure(config, workdir: str, budgets: Sequence[int], backwards: Sequence[st
     import jax
     import numpy as np
 
-    from deq_jax.training.lm_evaluate import lm_device_batch
-    from deq_jax.training.lm_setup import setup_language_model
-    from deq_jax.training.lm_steps import make_lm_train_step, place_memory
+    from deq_jax.training.families.lm_evaluate import lm_device_batch
+    from deq_jax.training.families.lm_setup import setup_language_model
+    from deq_jax.training.families.lm_steps import make_lm_train_step, place_memory
 
     rows = []
     for backward in backwards:

@@ -47,7 +47,7 @@ from configs import mdeq_fashion_mnist
 from deq_jax.models.mdeq import blocks
 from deq_jax.nn import conv as conv_lib
 from deq_jax.nn import deq_call
-from deq_jax.training import build
+from deq_jax.training.run import build
 
 BATCH, SIZE, GROUPS = 64, 28, 8
 

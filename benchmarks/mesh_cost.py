@@ -40,12 +40,12 @@ import numpy as np
 from absl import app, flags
 
 from configs import lm_shakespeare, lm_wikitext103
-from deq_jax.training import build, footprint, partition, sharding
-from deq_jax.training.lm_setup import init_state, model_fields
-from deq_jax.training.lm_steps import make_lm_train_step, memory_shardings
-from deq_jax.training.mesh import make_mesh
-from deq_jax.training.optim import make_optimizer
-from deq_jax.training.writers import write_json
+from deq_jax.training.families.lm_setup import init_state, model_fields
+from deq_jax.training.families.lm_steps import make_lm_train_step, memory_shardings
+from deq_jax.training.run import build, footprint, partition, sharding
+from deq_jax.training.run.mesh import make_mesh
+from deq_jax.training.run.optim import make_optimizer
+from deq_jax.training.run.writers import write_json
 
 _PARTS = flags.DEFINE_list("parts", ["memory", "sizes", "speed"], "What to measure.")
 _OUT = flags.DEFINE_string("out", "", "Where to write the rows (JSON).")

@@ -7,7 +7,10 @@ Runs `tests/mesh_runs.py` in two processes (1 device; 8 devices, with
 ``--xla_force_host_platform_device_count=8``) on the jobs of
 `tests/test_training_mesh.py`'s slow matrix (with the suite's XLA flags), and prints
 per job the relative deviation of the first loss, the largest over the 20 steps and the
-first step past 1e-4.
+first step past 1e-4. Each family and backward mode also gets a row ``mesh="1 ulp"``:
+the 1-device run started from parameters one unit in the last place away
+(`mesh_runs.nudged`), the drift that one rounding grows into under that training, for
+telling rounding from a sharding error.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import tempfile
 import numpy as np
 from absl import app, flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -63,14 +66,19 @@ def main(argv) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         refs = sorted({(f, b) for f, _, b in cells})
         ones = [[f, f"{tmp}/{f}-{b}-1", dict(mesh_runs.BACKWARDS[b])] for f, b in refs]
+        nudged = [[f, f"{tmp}/{f}-{b}-ulp", {**mesh_runs.BACKWARDS[b], "ulps": 1}] for f, b in refs]
         eights = [
             [f, f"{tmp}/{f}-{b}-{i}-8", {**mesh_runs.BACKWARDS[b], "train.mesh": MESHES[m]}]
             for i, (f, m, b) in enumerate(cells)
         ]
-        one = dict(zip(refs, _run(ones, 1), strict=True))
+        first = _run(ones + nudged, 1)
+        one = dict(zip(refs, first[: len(refs)], strict=True))
         eight = _run(eights, 8)
+    envelopes = [(f, "1 ulp", b) for f, b in refs]
     rows = []
-    for (family, mesh, backward), losses in zip(cells, eight, strict=True):
+    for (family, mesh, backward), losses in zip(
+        cells + envelopes, eight + first[len(refs) :], strict=True
+    ):
         ref = np.asarray(one[(family, backward)])
         rel = np.abs(np.asarray(losses) / ref - 1)
         past = np.flatnonzero(rel > 1e-4)

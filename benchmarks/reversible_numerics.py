@@ -96,7 +96,7 @@ def mdeq_problem(dtype=jnp.float32):
     del dtype  # MDEQ computes in its input's dtype
     from configs import mdeq_fashion_mnist
     from deq_jax.nn import deq_call
-    from deq_jax.training import build
+    from deq_jax.training.run import build
 
     config = mdeq_fashion_mnist.get_config("smoke")
     model = build.build_model(config.model, build.build_deq_spec(config.deq))

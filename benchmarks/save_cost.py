@@ -20,8 +20,8 @@ import time
 import jax
 from absl import app, flags
 
-from deq_jax.training.checkpoint import Checkpointer
-from deq_jax.training.train import family_for
+from deq_jax.training.families import family_for
+from deq_jax.training.run.checkpoint import Checkpointer
 from launch import flags as launch_flags
 
 _ROUNDS = flags.DEFINE_integer("rounds", 7, "Timed saves per mode (after one warm-up).")

@@ -2,7 +2,7 @@
 
 What `benchmarks.step_time` times, built as training builds it but without reading the
 task's data: fresh weights (``train.seed``), the family's own step
-(`deq_jax.training.train.family_for`, `Family.phase`: the step the training loop runs),
+(`deq_jax.training.families.family_for`, `Family.phase`: the step the training loop runs),
 the evaluators' eval step (`make_eval_step`, `make_lm_eval_step`) and host batches drawn
 with seed 1 before any timing:
 
@@ -34,21 +34,21 @@ import numpy as np
 
 from deq_jax.nn import deq_call
 from deq_jax.tasks import DataError
-from deq_jax.training import build, sharding
-from deq_jax.training.evaluate import device_batch
-from deq_jax.training.interventions import PathIndependence
-from deq_jax.training.lm_evaluate import lm_device_batch
-from deq_jax.training.lm_setup import init_state, model_fields
-from deq_jax.training.lm_steps import make_lm_eval_step, place_memory
-from deq_jax.training.metrics import is_regression
-from deq_jax.training.optim import make_optimizer
-from deq_jax.training.regularizer import JacobianRegularizer
-from deq_jax.training.settle import SettleRule
-from deq_jax.training.setup import Run
-from deq_jax.training.state import create_train_state
-from deq_jax.training.steps import RNG_STREAMS, make_eval_step
-from deq_jax.training.task_family import TaskFamily
-from deq_jax.training.train import LANGUAGE_MODELS, family_for
+from deq_jax.training.families import LANGUAGE_MODELS, family_for
+from deq_jax.training.families.evaluate import device_batch
+from deq_jax.training.families.interventions import PathIndependence
+from deq_jax.training.families.lm_evaluate import lm_device_batch
+from deq_jax.training.families.lm_setup import init_state, model_fields
+from deq_jax.training.families.lm_steps import make_lm_eval_step, place_memory
+from deq_jax.training.families.metrics import is_regression
+from deq_jax.training.families.regularizer import JacobianRegularizer
+from deq_jax.training.families.settle import SettleRule
+from deq_jax.training.families.setup import Run
+from deq_jax.training.families.steps import RNG_STREAMS, make_eval_step
+from deq_jax.training.families.task_family import TaskFamily
+from deq_jax.training.run import build, sharding
+from deq_jax.training.run.optim import make_optimizer
+from deq_jax.training.run.state import create_train_state
 
 DATA_SEED = 1  # the synthetic data's seed (the weights': train.seed)
 
@@ -87,9 +87,9 @@ class Bench(NamedTuple):
     """A built run and its data, ready to time.
 
     Attributes:
-      run: the `deq_jax.training.setup.Run` (synthetic: no checkpointer, no data read;
+      run: the `deq_jax.training.families.setup.Run` (synthetic: no checkpointer, no data read;
         no task for a language model).
-      step: the training loop's `deq_jax.training.family.Step` of the main phase.
+      step: the training loop's `deq_jax.training.families.family.Step` of the main phase.
       train_batches: host batches, ``warmup + steps`` of them.
       eval_batches: host batches, ``1 + eval_steps`` of them (the first compiles).
       evaluate: ``evaluate(state, batch) -> {"nstep_mean", "nstep_max",
@@ -128,7 +128,7 @@ def configured(config: Any, options: Options) -> Any:
 
 
 def configured_family(config: Any):
-    """The `deq_jax.training.family.Family` training runs for ``config``, with what its
+    """The `deq_jax.training.families.family.Family` training runs for ``config``, with what its
     ``setup`` reads from the config besides the run (the penalty terms of the step)."""
     family = family_for(config, emit=lambda line: None)
     family.regularizer = JacobianRegularizer.from_config(config.get("regularizer", {}))

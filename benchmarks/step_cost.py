@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 from absl import flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from launch import flags as launch_flags
 
 _BUDGETS = flags.DEFINE_list("budgets", ["18", "36", "72"], "Forward budgets.")
@@ -73,7 +73,7 @@ def _batch(config, workdir: str, synthetic: bool, input_shape: Sequence[int]):
     import numpy as np
 
     from deq_jax.tasks.images import classification_accuracy
-    from deq_jax.training import build
+    from deq_jax.training.run import build
 
     b = config.train.batch_size
     if synthetic:
@@ -99,7 +99,7 @@ def _times(model, step, state, batch, repeats: int, spectral_step=None) -> dict:
     the seconds of ``spectral_step`` when one is given."""
     import jax
 
-    from deq_jax.training.steps import RNG_STREAMS
+    from deq_jax.training.families.steps import RNG_STREAMS
 
     holder = {"state": state}
 
@@ -143,12 +143,12 @@ def measure(
     import jax
     import jax.numpy as jnp
 
-    from deq_jax.training import build, sharding
-    from deq_jax.training.interventions import PathIndependence
-    from deq_jax.training.optim import make_optimizer
-    from deq_jax.training.regularizer import JacobianRegularizer
-    from deq_jax.training.state import create_train_state
-    from deq_jax.training.steps import make_spectral_step, make_train_step
+    from deq_jax.training.families.interventions import PathIndependence
+    from deq_jax.training.families.regularizer import JacobianRegularizer
+    from deq_jax.training.families.steps import make_spectral_step, make_train_step
+    from deq_jax.training.run import build, sharding
+    from deq_jax.training.run.optim import make_optimizer
+    from deq_jax.training.run.state import create_train_state
 
     host_batch, metrics_fn = _batch(config, workdir, synthetic, input_shape)
     mesh = sharding.make_mesh()

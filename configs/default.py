@@ -17,7 +17,7 @@ Sections:
   model: ``name`` picks `deq_jax.models.get(name, ...)`; every other field is an
     attribute of that model. What its DEQ solves with comes from ``deq``.
   deq: everything a DEQ solves with, every budget and tolerance of the run
-    (`deq_jax.nn.DEQSpec`, `deq_jax.training.build.build_deq_spec`):
+    (`deq_jax.nn.DEQSpec`, `deq_jax.training.run.build.build_deq_spec`):
     ``solver.name`` picks `deq_jax.solvers.get(name, ...)` with ``tol``, ``stop_mode``,
     ``full_budget`` (run every sample for the whole budget: a fixed depth) and the
     fields of the sub-section named like the solver (``anderson.m``, ...); a composed
@@ -54,27 +54,28 @@ Sections:
     `deq_jax.training.NonFiniteLossError`, the last good checkpoint kept; 1 stops at
     the first), ``ema_decay`` (above 0, e.g. 0.999: evaluation, model selection and
     the report use an exponential moving average of the weights, kept in the optimiser
-    state and its checkpoints; `deq_jax.training.optim.weight_average`) and ``distributed`` (call
-    `jax.distributed.initialize()` first, for multi-host runs; ``coordinator_address``,
-    ``num_processes`` and ``process_id`` are auto-detected on TPU pods and SLURM when
-    left empty, 0 and -1; ``heartbeat_timeout_s`` bounds how long the other processes
-    wait after one dies). ``mesh`` sizes the device mesh's axes ``data``, ``fsdp`` and
-    ``tensor`` (-1: the devices left over; `deq_jax.training.mesh`): the batch is split
-    over data x fsdp, the parameters and optimiser state over fsdp (arrays of at least
-    ``fsdp_min_size`` entries), and the features each model's partition rules name over
-    tensor (`deq_jax.training.partition`), e.g. ``--config.train.mesh.fsdp=8``.
+    state and its checkpoints; `deq_jax.training.run.optim.weight_average`) and
+    ``distributed`` (call `jax.distributed.initialize()` first, for multi-host runs;
+    ``coordinator_address``, ``num_processes`` and ``process_id`` are auto-detected on
+    TPU pods and SLURM when left empty, 0 and -1; ``heartbeat_timeout_s`` bounds how
+    long the other processes wait after one dies). ``mesh`` sizes the device mesh's
+    axes ``data``, ``fsdp`` and ``tensor`` (-1: the devices left over;
+    `deq_jax.training.run.mesh`): the batch is split over data x fsdp, the parameters
+    and optimiser state over fsdp (arrays of at least ``fsdp_min_size`` entries), and
+    the features each model's partition rules name over tensor
+    (`deq_jax.training.run.partition`), e.g. ``--config.train.mesh.fsdp=8``.
   eval: periodic evaluation (``every_steps``, ``splits``: empty means every eval split
     of the task, ``max_batches``: 0 means all) and the final per-length report at
     ``budget_multipliers`` times the train budget (on every batch of each split, or
     at most ``report_max_batches`` of them: a smoke run's cap). Model selection
-    (`deq_jax.training.selection`): after each periodic evaluation and at the end, the
+    (`deq_jax.training.run.selection`): after each periodic evaluation and at the end, the
     state with the best ``select_metric`` (``"max"`` or ``"min"``: ``select_mode``) on
     ``select_split`` is kept in ``checkpoints_best/``, and the final report scores it;
     empty values are the task's (its first eval split, `Task.selection_metric`).
     ``score_raw_weights`` (with ``train.ema_decay > 0``) also scores the raw weights
     at each periodic evaluation, logged as ``{split}_raw`` and never selected on.
   regularizer: the Jacobian regulariser of Bai et al. (2021), off by default
-    (`deq_jax.training.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
+    (`deq_jax.training.families.regularizer.JacobianRegularizer`): weight ``jacobian_weight``
     (gamma), ramped linearly from ``jacobian_weight_start`` over
     ``jacobian_weight_steps`` steps (0: no ramp), applied on a step with probability
     ``jacobian_freq`` (p) with ``jacobian_samples`` Hutchinson probes (M), and not from
@@ -84,7 +85,7 @@ Sections:
     ``spectral_weight * max(0, rho - spectral_target)^2`` on every step, ``rho`` from
     ``spectral_penalty_iters`` detached power steps and two differentiated ones.
   path_independence: training interventions of Anil et al. (2022), off by default
-    (`deq_jax.training.interventions.PathIndependence`): a randomised forward budget
+    (`deq_jax.training.families.interventions.PathIndependence`): a randomised forward budget
     drawn per step from ``budget_choices`` evenly spaced values in ``[budget_min,
     budget_max]`` (``budget_max=0``: off) and the fixed-point alignment penalty with
     weight ``alignment_weight``. Mixed initialisation is ``deq.z_init="mixed"``;
@@ -108,9 +109,9 @@ import dataclasses
 
 from ml_collections import ConfigDict
 
-from deq_jax.training.interventions import PathIndependence
-from deq_jax.training.regularizer import JacobianRegularizer
-from deq_jax.training.solver_fit import BUDGET_FIELDS, NeuralSolverSpec
+from deq_jax.training.families.interventions import PathIndependence
+from deq_jax.training.families.regularizer import JacobianRegularizer
+from deq_jax.training.solver_fit.spec import BUDGET_FIELDS, NeuralSolverSpec
 
 
 def variant(arg: str | None, valid: tuple[str, ...] = ("smoke",)) -> str:

@@ -9,7 +9,7 @@ Usage::
 examples each; the same at every budget) instead of whole splits.
 
 ``--checkpoint=best`` scores the state with the best validation score that training
-kept (``checkpoints_best/``, `deq_jax.training.selection`), ``last`` the latest
+kept (``checkpoints_best/``, `deq_jax.training.run.selection`), ``last`` the latest
 checkpoint; by default the best if the run has one, else the last. The first line
 printed names the step scored and why.
 
@@ -21,7 +21,7 @@ is printed as it is done, then the table, also written as JSON to ``--output``
 once (nothing generated or created).
 
 A language model's run (``configs/lm_*.py``) is streamed over whole splits with its
-segment memory (`deq_jax.training.lm_evaluate.evaluate_lm_checkpoint`); its budgets
+segment memory (`deq_jax.training.families.lm_evaluate.evaluate_lm_checkpoint`); its budgets
 default to ``deq.eval_max_iter``, and its JSON also holds each split's per-segment
 loss, steps and convergence::
 
@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from launch import flags as launch_flags
 
 _SPLITS = flags.DEFINE_list("splits", [], "Splits to evaluate (default: every eval split).")
@@ -69,7 +69,7 @@ _MAX_BATCHES = flags.DEFINE_integer(
 def main(argv: Sequence[str]) -> None:
     launch_flags.reject_arguments(argv)
     from deq_jax.training import evaluate_checkpoint
-    from deq_jax.training.checkpoint import saved_steps
+    from deq_jax.training.run.checkpoint import saved_steps
 
     launch_flags.quiet_library_logs()
     config = launch_flags.checked_config()

@@ -27,18 +27,18 @@ from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 
 from deq_jax.tasks.errors import DataError
-from deq_jax.training.build import renamed_key
-from deq_jax.training.checkpoint import (
+from deq_jax.training.families.lm_setup import VocabularyMismatchError
+from deq_jax.training.families.setup import check_config
+from deq_jax.training.run.build import renamed_key
+from deq_jax.training.run.checkpoint import (
     CheckpointMismatchError,
     CheckpointSaveError,
     CheckpointUnreadableError,
 )
-from deq_jax.training.lm_setup import VocabularyMismatchError
-from deq_jax.training.mesh import ConfigError
-from deq_jax.training.setup import check_config
-from deq_jax.training.solver_targets import TargetResidualError
-from deq_jax.training.workdir import WorkdirError, WorkdirLockedError
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.mesh import ConfigError
+from deq_jax.training.run.workdir import WorkdirError, WorkdirLockedError
+from deq_jax.training.run.writers import write_json
+from deq_jax.training.solver_fit.targets import TargetResidualError
 
 CONFIG = config_flags.DEFINE_config_file(
     "config",

@@ -9,7 +9,7 @@ Only ``--config`` (an `ml_collections` config file, locked: an override can chan
 field but not add one) and ``--workdir`` are flags; everything else is a config field.
 An override naming an unknown field fails before anything runs, naming the valid
 fields of its section; so does a config the library refuses (an unknown solver name, an
-empty ``--workdir``, a batch size of 0: `deq_jax.training.setup.check_config`), in one
+empty ``--workdir``, a batch size of 0: `deq_jax.training.families.setup.check_config`), in one
 line and before any data is generated or any directory created. Any other start-up
 error a user can cause (missing or malformed data, a workdir holding another model's
 checkpoints or only damaged ones, another vocabulary's run, a workdir that is a file or
@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 
 from ml_collections import ConfigDict
 
-from deq_jax.training.preemption import PREEMPTED_EXIT_STATUS
-from deq_jax.training.sharding import explain_peer_failure
+from deq_jax.training.run.preemption import PREEMPTED_EXIT_STATUS
+from deq_jax.training.run.sharding import explain_peer_failure
 from launch import flags as launch_flags
 
 

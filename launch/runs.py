@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deq_jax.training.writers import write_json, write_text
+from deq_jax.training.run.writers import write_json, write_text
 from launch.flags import check_overrides
 
 # Fields a finished run may be loaded under with other values than it was trained with:
@@ -52,8 +52,8 @@ def config_differences(saved: dict[str, Any], config: Any) -> list[str]:
     the new names (``solver.tol`` as ``deq.solver.tol``, `renamed_key`); one that lacks
     a field of `LEGACY_VALUES` compares as if it held the legacy value.
     """
-    from deq_jax.training.build import renamed_key
-    from deq_jax.training.train import config_json
+    from deq_jax.training.loop.train import config_json
+    from deq_jax.training.run.build import renamed_key
 
     # Through the same JSON as the saved file, so tuples compare equal to its lists.
     old = {renamed_key(k) or k: v for k, v in _flatten(saved).items()}
@@ -77,7 +77,7 @@ def check_run_config(config: Any, workdir: str) -> None:
 
     A workdir without ``config.json`` (nothing trained there yet) passes.
     """
-    from deq_jax.training.train import CONFIG_FILE
+    from deq_jax.training.loop.train import CONFIG_FILE
 
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
@@ -147,8 +147,8 @@ def best_run(
 ) -> tuple[Any, int, str]:
     """`trained_run` with the state a report scores: ``(run, step, which)``, the run's
     state replaced by its best checkpoint on validation (``which="best"``,
-    `deq_jax.training.selection`), or its last for a run trained without one."""
-    from deq_jax.training.selection import restore_selected
+    `deq_jax.training.run.selection`), or its last for a run trained without one."""
+    from deq_jax.training.run.selection import restore_selected
 
     run = trained_run(config, workdir, emit=emit)
     state, step, which = restore_selected(workdir, run.state, run.start_step)

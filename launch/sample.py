@@ -8,7 +8,7 @@ Usage::
 Pass the config (and overrides) the checkpoint was trained with; the vocabulary comes
 from the workdir's ``vocab.json``, so the corpus is not needed. Tokens are generated one
 at a time with the segment memory, each solve started from the previous position's
-fixed point (`deq_jax.training.lm_generate`). The prompt and the text are printed,
+fixed point (`deq_jax.training.families.lm_generate`). The prompt and the text are printed,
 followed by the mean solver steps per generated token. A prompt with a character (or
 word) outside the vocabulary fails before anything runs, naming it.
 """
@@ -35,8 +35,8 @@ _MAX_ITER = flags.DEFINE_integer("max_iter", 0, "Solver budget per token (0: the
 def main(argv: Sequence[str]) -> None:
     launch_flags.reject_arguments(argv)
     launch_flags.quiet_library_logs()
-    from deq_jax.training.lm_generate import generate
-    from deq_jax.training.lm_setup import restore_language_model
+    from deq_jax.training.families.lm_generate import generate
+    from deq_jax.training.families.lm_setup import restore_language_model
 
     config = launch_flags.CONFIG.value
     with launch_flags.user_errors():

@@ -71,8 +71,8 @@ def seed_rows(
       (`deq_jax.tasks.Task.selection_metric`).
     """
     from deq_jax.training import evaluate_checkpoint
-    from deq_jax.training.evaluate import short_metrics
-    from deq_jax.training.selection import read_best_record
+    from deq_jax.training.families.evaluate import short_metrics
+    from deq_jax.training.run.selection import read_best_record
 
     rows, task_metric = [], ""
     for seed in train_seeds:

@@ -4,7 +4,7 @@ benchmarks: one process runs a list of jobs on the devices it was started with.
 A job is ``(family, workdir, overrides[, kind])``: ``family`` one of `CONFIGS`,
 ``overrides`` ``{"section.field": value}`` (``train.mesh`` as ``{"data": .., "fsdp": ..,
 "tensor": ..}``), ``kind`` one of `JOBS`: `train_losses` runs train steps through the
-family's own step (the loop's `deq_jax.training.family.Phase.step`: the mesh, the
+family's own step (the loop's `deq_jax.training.families.family.Phase.step`: the mesh, the
 partition rules, the sharded batch) and returns each step's loss; `solver_loops` reads
 the compiled train step's loops; `checkpoint_hop` moves a checkpoint to this mesh.
 """
@@ -22,7 +22,8 @@ import jax
 import numpy as np
 
 from configs import clrs, lm_shakespeare, mdeq_fashion_mnist, prefix_sum
-from deq_jax.training import family_for, footprint
+from deq_jax.training import family_for
+from deq_jax.training.run import footprint
 
 STEPS = 20
 CONFIGS = {
@@ -83,14 +84,34 @@ def make_config(family: str, overrides: dict):
     return config
 
 
+def nudged(params: Any, ulps: int) -> Any:
+    """``params`` with every float32 entry moved ``ulps`` units in the last place away
+    from zero: a perturbation the size of one rounding, for telling rounding's growth
+    under training from a real difference."""
+    step = lambda p: np.nextafter(p, np.copysign(np.inf, p)).astype(p.dtype)
+
+    def nudge(x):
+        p = np.asarray(x)
+        for _ in range(ulps):
+            p = step(p)
+        return jax.device_put(p, x.sharding)
+
+    return jax.tree_util.tree_map(nudge, params)
+
+
 def _train(family: str, workdir: str, overrides: dict, steps: int):
-    """``(family, run, state, carry, losses)`` after ``steps`` train steps."""
+    """``(family, run, state, carry, losses)`` after ``steps`` train steps; the override
+    ``"ulps": n`` starts from the parameters `nudged` by ``n`` units in the last place."""
+    overrides = dict(overrides)
+    ulps = overrides.pop("ulps", 0)
     config = make_config(family, overrides)
     fam = family_for(config, emit=lambda line: None)
     run = fam.setup(config, workdir)
     phase = fam.phase(config, run, run.model, warmup=False)
     batches = fam.train_batches(config, run)
     state, carry, losses = run.state, run.carry, []
+    if ulps:
+        state = state.replace(params=nudged(state.params, ulps))
     for number in range(run.start_step + 1, run.start_step + steps + 1):
         state, carry, metrics = phase.step(state, carry, next(batches), number)
         losses.append(float(metrics["loss"]))

@@ -1,11 +1,12 @@
-"""deq_jax.training.writers.write_text, write_json: a file is replaced whole or left as it was."""
+"""deq_jax.training.run.writers.write_text, write_json: a file is replaced whole or left
+as it was."""
 
 import json
 import os
 
 import pytest
 
-from deq_jax.training.writers import write_json, write_text
+from deq_jax.training.run.writers import write_json, write_text
 
 
 def test_writes_the_json_with_the_dump_options_and_no_temporary_file(tmp_path):

@@ -14,7 +14,8 @@ import shutil
 import numpy as np
 from ml_collections import ConfigDict
 
-from deq_jax.training import train_and_evaluate, writers
+from deq_jax.training import train_and_evaluate
+from deq_jax.training.run import writers
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "checkpoints_1f5c51c")
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from deq_jax.training import checkpoint, writers
+from deq_jax.training.run import checkpoint, writers
 
 
 def _state(step):

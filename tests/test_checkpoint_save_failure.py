@@ -17,7 +17,7 @@ from orbax.checkpoint._src.serialization import jax_array_handlers
 
 from benchmarks import fault_matrix
 from deq_jax.training import train_and_evaluate
-from deq_jax.training.checkpoint import Checkpointer, CheckpointSaveError, saved_steps
+from deq_jax.training.run.checkpoint import Checkpointer, CheckpointSaveError, saved_steps
 
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 

@@ -13,7 +13,8 @@ import pytest
 from configs import clrs as clrs_configs
 from deq_jax import tasks
 from deq_jax.models import clrs
-from deq_jax.training import setup, train_and_evaluate, writers
+from deq_jax.training import setup, train_and_evaluate
+from deq_jax.training.run import writers
 from experiments.clrs import diagnose as clrs_diagnose
 from experiments.clrs import report as clrs_report
 from experiments.clrs import report_plots as clrs_report_plots

@@ -12,7 +12,7 @@ from sklearn.metrics import f1_score
 
 from deq_jax import tasks
 from deq_jax.models import clrs
-from deq_jax.training import metrics
+from deq_jax.training.families import metrics
 
 # --- task and metrics -----------------------------------------------------------------
 
@@ -88,7 +88,7 @@ def test_all_edges_score_counts_every_edge_as_predicted():
 
 
 def test_loss_is_the_plain_cross_entropy_with_non_tree_edges_weighted():
-    from deq_jax.training.metrics import classification_loss
+    from deq_jax.training.families.metrics import classification_loss
 
     rng = np.random.default_rng(0)
     n = 4
@@ -124,7 +124,7 @@ def test_loss_is_the_plain_cross_entropy_with_non_tree_edges_weighted():
 
 
 def test_prim_loss_is_the_plain_cross_entropy_and_the_rule_misses_some_parents():
-    from deq_jax.training.metrics import classification_loss
+    from deq_jax.training.families.metrics import classification_loss
 
     config = clrs.ClrsConfig("mst_prim", eval_size=4, test_nodes=(12,))
     arrays = clrs.ClrsTask(config).source("val")

@@ -12,7 +12,7 @@ import deq_jax as dj
 from configs import default
 from deq_jax import solvers as S
 from deq_jax.nn import DEQ, MLPCell
-from deq_jax.training.build import build_solver
+from deq_jax.training.run.build import build_solver
 
 B, D = 4, 16
 

@@ -10,8 +10,9 @@ from jax.sharding import AbstractMesh
 
 from configs import clrs as clrs_configs
 from configs import prefix_sum
-from deq_jax.training import evaluate_checkpoint, mesh, train_and_evaluate
-from deq_jax.training.setup import check_config
+from deq_jax.training import evaluate_checkpoint, train_and_evaluate
+from deq_jax.training.families.setup import check_config
+from deq_jax.training.run import mesh
 from launch import flags as launch_flags
 from launch import multiprocess
 

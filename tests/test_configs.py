@@ -16,10 +16,10 @@ from ml_collections import ConfigDict
 
 from configs import default, prefix_sum
 from deq_jax import backward, solvers
-from deq_jax.training import build
-from deq_jax.training.interventions import PathIndependence
-from deq_jax.training.regularizer import JacobianRegularizer
-from deq_jax.training.solver_fit import BUDGET_FIELDS, NeuralSolverSpec
+from deq_jax.training.families.interventions import PathIndependence
+from deq_jax.training.families.regularizer import JacobianRegularizer
+from deq_jax.training.run import build
+from deq_jax.training.solver_fit.spec import BUDGET_FIELDS, NeuralSolverSpec
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(default.__file__))
 

@@ -188,3 +188,26 @@ def test_neural_solver_script_runs_its_smoke_size(tmp_path):
     assert fit["spec"]["l2"] == 0.02 and fit["spec"]["fresh_batches"]
     assert (out / "solver" / "diagnose.json").exists()
     assert re.search(r"hyper_anderson: budget .*goal >= 1.6x (met|not met)", done.stdout)
+
+
+def test_shared_run_helper_times_out_reports_and_carries_on(tmp_path):
+    """experiments/gpu/lib.sh: `run` says a stage's exit status (124 past its limit),
+    keeps its output in the log, tails it on request, returns 0; DRY_RUN prints only."""
+    script = f"""
+source experiments/gpu/lib.sh
+run 5 {tmp_path}/fail.log sh -c 'echo one; echo two; exit 3'
+run 1 {tmp_path}/slow.log sleep 30
+RUN_TAIL=1 run 5 {tmp_path}/tail.log sh -c 'echo first; echo last'
+DRY_RUN=1 run 5 {tmp_path}/dry.log touch {tmp_path}/made
+echo done $?
+"""
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[-1] == "done 0", done.stdout + done.stderr
+    exits = [line.split("exit ")[1] for line in lines if "] exit " in line]
+    assert exits == ["3", "124", "0"], lines
+    assert (tmp_path / "fail.log").read_text() == "one\ntwo\n"
+    assert "last" in lines and "first" not in lines
+    assert f"touch {tmp_path}/made" in lines and not (tmp_path / "made").exists()

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from configs import clrs, prefix_sum, synthetic_1d
-from deq_jax.training import train
-from deq_jax.training.writers import write_text
+from deq_jax.training.loop import train
+from deq_jax.training.run.writers import write_text
 from launch import runs
 
 

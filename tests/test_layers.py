@@ -19,7 +19,9 @@ the line and the rule:
   floor, solvers, backward and fixed_point, and only models and what is above them import
   it. ``nnx`` (the Flax NNX layer) shares ``nn``'s floor but may import ``nn``, whose
   spec, states and pure functions it reuses (`SIDEWAYS`); ``nn`` never imports ``nnx``.
-  ``deq_jax/__init__.py`` is the package face: it may import any of ``deq_jax``, and
+  Inside ``deq_jax/training/`` the same holds for its four places, lowest first
+  ``run < families < solver_fit < loop`` (`TRAINING_PLACES`; its ``__init__`` may
+  import any). ``deq_jax/__init__.py`` is the package face: it may import any of ``deq_jax``, and
   only the command line and the studies import it. ``experiments`` and ``benchmarks`` may import
   ``deq_jax``, ``launch`` and ``configs``, which never import them. A ``deq_jax`` module
   outside these layers is a failure too.
@@ -75,6 +77,9 @@ RANKS = {
 # Floors sharing a rank where one may import the other: (importer, imported).
 SIDEWAYS = {("nnx", "nn")}
 TASKS_MAY_IMPORT = ("ground", "solvers", "backward", "fixed_point")
+# The four places of deq_jax/training/ (DESIGN.md), lowest first: a place imports only
+# itself and the places below it; the package's ``__init__`` (its face) may import any.
+TRAINING_PLACES = ("run", "families", "solver_fit", "loop")
 TASKS_IMPORTED_FROM = RANKS["models"]  # models and above may import tasks
 RULES = ("cycle", "layer", "lazy", "length")
 
@@ -165,12 +170,38 @@ def layer_of(module: str) -> str | None:
     return floor if floor in RANKS and floor not in ("ground", "package face") else None
 
 
+def training_place(module: str) -> str | None:
+    """The place of ``deq_jax.training`` a module sits in: one of `TRAINING_PLACES`,
+    ``"face"`` for the package itself, ``None`` outside them."""
+    parts = module.split(".")
+    if len(parts) == 2:
+        return "face"
+    return parts[2] if parts[2] in TRAINING_PLACES else None
+
+
+def _training_problem(source: str, target: str) -> str | None:
+    """Why ``source`` may not import ``target``, both in ``deq_jax.training``."""
+    high, low = training_place(source), training_place(target)
+    if high == "face":
+        return None
+    for module, place in ((source, high), (target, low)):
+        if place is None:
+            return f"{module} is in none of deq_jax.training's places {TRAINING_PLACES}"
+    if low == "face":
+        return "a place imports the modules of another, not the package deq_jax.training"
+    if TRAINING_PLACES.index(low) > TRAINING_PLACES.index(high):
+        return f"deq_jax.training.{high} is below deq_jax.training.{low}: imports point down"
+    return None
+
+
 def _layer_problem(source: str, target: str) -> str | None:
     """Why ``source`` may not import ``target`` (``None``: it may)."""
     low, high = layer_of(target), layer_of(source)
     for module, floor in ((source, high), (target, low)):
         if floor is None:
             return f"{module} is on no floor of DESIGN.md's layers"
+    if low == high == "training":
+        return _training_problem(source, target)
     if low == high or (high == "package face" and target.split(".")[0] == "deq_jax"):
         return None
     if high == "tasks":
@@ -376,6 +407,10 @@ def test_checker_finds_a_cycle_through_a_package_init(tmp_path):
         ("deq_jax/nn/deq.py", "from deq_jax.tasks import base\n", "only models and the"),
         ("deq_jax/training/a.py", "import deq_jax\n", "imports point down"),
         ("deq_jax/extra.py", "import jax\nfrom deq_jax import _flat\n", "on no floor"),
+        ("deq_jax/training/run/a.py", "from deq_jax.training.loop import b\n", "run is below"),
+        ("deq_jax/training/families/a.py", "from deq_jax.training.solver_fit import b\n", "below"),
+        ("deq_jax/training/a.py", "from deq_jax.training import run\n", "none of deq_jax.training"),
+        ("deq_jax/training/loop/a.py", "from deq_jax.training import b\n", "not the package"),
     ],
 )
 def test_checker_finds_an_upward_import(tmp_path, path, text, expected):

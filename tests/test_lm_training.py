@@ -12,12 +12,13 @@ import pytest
 from conftest import run_module, run_on_devices
 
 from configs import lm_shakespeare, lm_shakespeare_hypersolver, lm_wikitext103
-from deq_jax.training import family_for, train_and_evaluate, writers
-from deq_jax.training.hypersolver import train_hypersolver
-from deq_jax.training.lm_evaluate import check_token_ids, evaluate_lm_checkpoint
-from deq_jax.training.lm_family import REPORT_FILE, LanguageModelFamily
-from deq_jax.training.lm_generate import generate
-from deq_jax.training.lm_setup import VocabularyMismatchError, restore_language_model
+from deq_jax.training import family_for, train_and_evaluate
+from deq_jax.training.families.lm_evaluate import check_token_ids, evaluate_lm_checkpoint
+from deq_jax.training.families.lm_family import REPORT_FILE, LanguageModelFamily
+from deq_jax.training.families.lm_generate import generate
+from deq_jax.training.families.lm_setup import VocabularyMismatchError, restore_language_model
+from deq_jax.training.run import writers
+from deq_jax.training.solver_fit.hypersolver import train_hypersolver
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = (
@@ -334,7 +335,7 @@ _MULTI = """
 import json, sys
 import jax
 from configs import lm_shakespeare
-from deq_jax.training import writers
+from deq_jax.training.run import writers
 from deq_jax.training import train_and_evaluate
 
 workdir, corpus = sys.argv[1], sys.argv[2]

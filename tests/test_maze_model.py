@@ -16,7 +16,8 @@ from deq_jax import backward, models, solvers
 from deq_jax.models.mazes import MazeDEQ
 from deq_jax.nn import DEQSpec
 from deq_jax.tasks.mazes import MazeConfig, image_size, load
-from deq_jax.training import train_and_evaluate, train_hypersolver, writers
+from deq_jax.training import train_and_evaluate, train_hypersolver
+from deq_jax.training.run import writers
 
 WIDTH = 8
 

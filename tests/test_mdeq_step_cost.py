@@ -53,10 +53,10 @@ def test_spectral_step_leaves_the_batch_statistics_alone():
     import jax.numpy as jnp
     import numpy as np
 
-    from deq_jax.training import build, sharding
-    from deq_jax.training.optim import make_optimizer
-    from deq_jax.training.state import create_train_state
-    from deq_jax.training.steps import make_spectral_step
+    from deq_jax.training.families.steps import make_spectral_step
+    from deq_jax.training.run import build, sharding
+    from deq_jax.training.run.optim import make_optimizer
+    from deq_jax.training.run.state import create_train_state
 
     config = _config(1)
     model = build.build_model(config.model, build.build_deq_spec(config.deq))

@@ -15,7 +15,8 @@ from configs import (
     mdeq_fashion_mnist,
     mdeq_fashion_mnist_hypersolver,
 )
-from deq_jax.training import train_and_evaluate, train_hypersolver, writers
+from deq_jax.training import train_and_evaluate, train_hypersolver
+from deq_jax.training.run import writers
 
 SIZE = 8  # 8x8 images keep the run to seconds; the config's 28 is checked below
 

@@ -13,9 +13,9 @@ import pytest
 from jax.sharding import AbstractMesh, PartitionSpec
 
 from configs import lm_shakespeare, mdeq_fashion_mnist, prefix_sum
-from deq_jax.training import build, config_checks, mesh, partition, sharding
-from deq_jax.training.lm_setup import init_state, model_fields
-from deq_jax.training.optim import make_optimizer
+from deq_jax.training.families.lm_setup import init_state, model_fields
+from deq_jax.training.run import build, config_checks, mesh, partition, sharding
+from deq_jax.training.run.optim import make_optimizer
 
 P = PartitionSpec
 
@@ -113,7 +113,7 @@ def test_mdeq_rules_split_the_block_channels():
     config = mdeq_fashion_mnist.get_config()
     model = build.build_model(config.model, build.build_deq_spec(config.deq))
     tx, _ = make_optimizer(config.train)
-    from deq_jax.training.state import create_train_state
+    from deq_jax.training.run.state import create_train_state
 
     state = jax.eval_shape(
         lambda: create_train_state(model, tx, np.zeros((1, 28, 28, 1)), jax.random.PRNGKey(0))

@@ -180,8 +180,8 @@ def test_relative_error_divides_each_sample_by_its_fixed_point():
     zs = jnp.array([[[3.0, 5.0], [0.0, 3.0]]])  # [K=1, B=2, D=2]
     np.testing.assert_allclose(ns.step_errors(zs, target), [[1.0, 4.0]])
     np.testing.assert_allclose(ns.step_errors(zs, target, "relative"), [[1 / 25, 4.0]])
-    with pytest.raises(ValueError, match="error must be one of absolute, relative"):
-        ns.step_errors(zs, target, "log")
+    with pytest.raises(ValueError, match="error must be one of absolute, relative, log"):
+        ns.step_errors(zs, target, "squared")
 
 
 def _loss_parts(z_star_scale=1.0, **options):
@@ -232,6 +232,22 @@ def test_loss_weights_default_to_the_paper_and_relative_error_is_scale_free():
     assert float(large["init"]) < 2 * float(small["init"])
     with pytest.raises(ValueError, match="error must be one of"):
         _loss_parts(error="squared")
+
+
+def test_log_error_is_the_log_of_the_batch_mean_relative_error():
+    zs = jnp.array([[[1.0, 0.0], [0.0, 3.0]], [[0.0, 0.0], [0.0, 2.0]]])  # [K=2, B=2, D=2]
+    target = jnp.array([[0.0, 0.0], [0.0, 2.0]]) + jnp.array([[1.0, 0.0], [0.0, 0.0]])
+    rel = ns.step_errors(zs, target, "relative")
+    np.testing.assert_allclose(rel, [[0.0, 0.25], [1.0, 0.0]])
+    np.testing.assert_allclose(ns.batch_error(zs, target, "log"), np.log([0.125, 0.5]))
+    assert np.isfinite(float(ns.batch_error(target, target, "log")))  # converged: finite
+    # In the loss: the initialiser's term is the log of the relative one, and the value
+    # is still l1 * conv + l2 * init (+ l3 * alpha).
+    value, logged, grads = _loss_parts(error="log")
+    _, relative, _ = _loss_parts(error="relative")
+    np.testing.assert_allclose(logged["init"], np.log(relative["init"]), rtol=1e-5)
+    np.testing.assert_allclose(value, 0.1 * logged["conv"] + 0.05 * logged["init"], rtol=1e-6)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
 
 def _one_step_losses(cell_gradient):

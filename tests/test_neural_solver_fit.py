@@ -15,8 +15,8 @@ from configs import default, digits_hypersolver, lm_shakespeare_hypersolver, pre
 from deq_jax.neural_solver import PAPER_WEIGHTS
 from deq_jax.tasks import data
 from deq_jax.tasks.base import Task
-from deq_jax.training.solver_fit import NeuralSolverSpec
-from deq_jax.training.solver_targets import TargetResidualError, TargetStream
+from deq_jax.training.solver_fit.spec import NeuralSolverSpec
+from deq_jax.training.solver_fit.targets import TargetResidualError, TargetStream
 
 
 def test_spec_defaults_are_the_papers_recipe():
@@ -151,7 +151,7 @@ def test_a_fit_to_an_unconverged_deq_ends_in_one_fatal_line(tmp_path):
 def test_the_fit_reports_its_cost_and_its_targets(tmp_path):
     from configs import digits
     from deq_jax.training import train_and_evaluate
-    from deq_jax.training.hypersolver import train_hypersolver
+    from deq_jax.training.solver_fit.hypersolver import train_hypersolver
 
     config = digits.get_config("smoke")
     config.regularizer.update(dict(jacobian_weight=0.0, spectral_every=0))

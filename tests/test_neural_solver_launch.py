@@ -24,13 +24,18 @@ from deq_jax.neural_solver.initializer import LearnedInit, make_initializer
 from deq_jax.neural_solver.loss import neural_solver_loss
 from deq_jax.solvers.anderson import anderson, anderson_weights
 from deq_jax.training import train_and_evaluate
-from deq_jax.training.alternating import AlternatingSolver
-from deq_jax.training.frozen_deq import FrozenDEQ, initializer_kind
-from deq_jax.training.hypersolver import TASKS, load_hypersolver, solver_family, train_hypersolver
-from deq_jax.training.lm_hypersolver import LANGUAGE
-from deq_jax.training.setup import setup
-from deq_jax.training.solver_fit import NeuralSolverSpec, SolverFit
-from deq_jax.training.solver_run import compare
+from deq_jax.training.families.setup import setup
+from deq_jax.training.solver_fit.alternating import AlternatingSolver
+from deq_jax.training.solver_fit.frozen_deq import FrozenDEQ, initializer_kind
+from deq_jax.training.solver_fit.hypersolver import (
+    TASKS,
+    load_hypersolver,
+    solver_family,
+    train_hypersolver,
+)
+from deq_jax.training.solver_fit.language import LANGUAGE
+from deq_jax.training.solver_fit.runs import compare
+from deq_jax.training.solver_fit.spec import NeuralSolverSpec, SolverFit
 
 
 def _affine(d=6, seed=0):

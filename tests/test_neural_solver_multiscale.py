@@ -7,8 +7,12 @@ import pytest
 
 import deq_jax as dj
 import deq_jax.neural_solver as ns
-from deq_jax.training.frozen_deq import initializer_features, initializer_kind, learned_init
-from deq_jax.training.solver_train import train_neural_solver
+from deq_jax.training.solver_fit.frozen_deq import (
+    initializer_features,
+    initializer_kind,
+    learned_init,
+)
+from deq_jax.training.solver_fit.trainer import train_neural_solver
 
 SHAPES = ((4, 4, 2), (2, 2, 3))
 

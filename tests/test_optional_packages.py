@@ -95,7 +95,7 @@ import deq_jax.tasks as tasks
 import benchmarks.step_time
 import launch.main
 from deq_jax.training import train_and_evaluate, train_hypersolver
-from deq_jax.training.writers import MetricWriter
+from deq_jax.training.run.writers import MetricWriter
 
 corpus, data_dir, workdir = sys.argv[1:]
 bits = tasks.get("prefix_sum", train_size=8, train_length=4, test_lengths=(4,), test_size=4,

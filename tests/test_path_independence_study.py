@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from deq_jax.training.writers import MetricWriter
+from deq_jax.training.run.writers import MetricWriter
 from experiments.path_independence import plots as plots
 from experiments.path_independence import runner as runner
 from experiments.path_independence import study as study

@@ -9,8 +9,9 @@ from configs import prefix_sum
 from deq_jax import analysis, solvers
 from deq_jax.nn import DEQ, MLPCell
 from deq_jax.regularizers import Alignment
-from deq_jax.training import PathIndependence, build, train_and_evaluate
-from deq_jax.training.writers import read_metrics
+from deq_jax.training import PathIndependence, train_and_evaluate
+from deq_jax.training.run import build
+from deq_jax.training.run.writers import read_metrics
 
 
 def test_budgets_are_evenly_spaced_and_validated():

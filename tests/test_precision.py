@@ -22,8 +22,9 @@ from deq_jax import precision as P
 from deq_jax.nn import DEQ, DEQSpec
 from deq_jax.nn.cells import MLPCell
 from deq_jax.solvers.floor import Floor, floor_of, moved_by_one_rounding
-from deq_jax.training import build, make_train_step, setup
-from deq_jax.training.evaluate import device_batch
+from deq_jax.training import make_train_step, setup
+from deq_jax.training.families.evaluate import device_batch
+from deq_jax.training.run import build
 from experiments.precision.measure import (
     LM_FIELDS,
     MDEQ_FIELDS,
@@ -425,7 +426,7 @@ def test_training_with_bfloat16_cells_decreases_the_loss(tmp_path):
 
 
 def test_a_run_says_once_when_its_tolerance_is_below_the_floor():
-    from deq_jax.training.floor_notice import FloorNotice
+    from deq_jax.training.loop.floor_notice import FloorNotice
 
     lines = []
     notice = FloorNotice(1e-3, BF16, lines.append)

@@ -22,7 +22,8 @@ from deq_jax.nn import DEQSpec
 from deq_jax.solvers.anderson import anderson
 from deq_jax.solvers.fixed_point_iteration import fixed_point_iteration
 from deq_jax.tasks.edge_copy import symmetric_from_upper
-from deq_jax.training import train_and_evaluate, writers
+from deq_jax.training import train_and_evaluate
+from deq_jax.training.run import writers
 
 KEY = jax.random.PRNGKey(0)
 RNGS = {"params": jax.random.PRNGKey(1), "z0": jax.random.PRNGKey(2)}

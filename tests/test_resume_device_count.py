@@ -30,8 +30,8 @@ import pytest
 from conftest import ROOT, run_on_devices
 
 from configs import lm_shakespeare, prefix_sum
-from deq_jax.training.checkpoint import Checkpointer, saved_steps
-from deq_jax.training.lm_setup import restore_language_model
+from deq_jax.training.families.lm_setup import restore_language_model
+from deq_jax.training.run.checkpoint import Checkpointer, saved_steps
 from launch import multiprocess
 
 K = 3  # the step the runs are interrupted at; they end at 2K
@@ -84,7 +84,8 @@ import json, sys
 import jax
 import numpy as np
 from configs import lm_shakespeare, prefix_sum
-from deq_jax.training import train_and_evaluate, writers
+from deq_jax.training import train_and_evaluate
+from deq_jax.training.run import writers
 """
     + inspect.getsource(make_config)
     + """
@@ -226,7 +227,7 @@ _SAVE_ON_EIGHT = """
 import sys
 import jax, jax.numpy as jnp
 from deq_jax.training import sharding
-from deq_jax.training.checkpoint import Checkpointer
+from deq_jax.training.run.checkpoint import Checkpointer
 
 ckpt = Checkpointer(sys.argv[1], every_steps=1, keep=2)
 state = sharding.replicate({"w": jnp.arange(8.0)}, sharding.make_mesh())

@@ -16,7 +16,7 @@ from configs import default
 from deq_jax.backward import reversible as reversible_mode
 from deq_jax.nn import DEQ, DEQSpec
 from deq_jax.solvers import reversible, reversible_step, reversible_unstep
-from deq_jax.training import build
+from deq_jax.training.run import build
 
 
 def tanh_cell(z, args):

@@ -16,19 +16,11 @@ from conftest import run_on_devices
 from configs import synthetic_1d
 from deq_jax import tasks
 from deq_jax.models import clrs
-from deq_jax.training import (
-    evaluate,
-    evaluate_checkpoint,
-    metrics,
-    selection,
-    setup,
-    sharding,
-    steps,
-    train_and_evaluate,
-    writers,
-)
-from deq_jax.training.checkpoint import Checkpointer
-from deq_jax.training.selection import BestCheckpoint, SelectionRule
+from deq_jax.training import evaluate_checkpoint, setup, train_and_evaluate
+from deq_jax.training.families import evaluate, metrics, steps
+from deq_jax.training.run import selection, sharding, writers
+from deq_jax.training.run.checkpoint import Checkpointer
+from deq_jax.training.run.selection import BestCheckpoint, SelectionRule
 
 quiet = lambda line: None
 

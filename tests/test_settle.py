@@ -13,7 +13,7 @@ from configs import prefix_sum
 from deq_jax import analysis
 from deq_jax.fixed_point import solve_until_settled
 from deq_jax.solvers import iterate
-from deq_jax.training import build
+from deq_jax.training.run import build
 
 BUDGET = 20  # the smoke model's eval budget is smaller
 B = jnp.array([[1.0, -2.0], [3.0, 0.5]])
@@ -212,7 +212,7 @@ def test_evaluator_with_settle_patience(tmp_path):
 @pytest.mark.slow
 def test_training_evaluates_with_the_configured_patience(tmp_path):
     from deq_jax.training import Evaluator, SettleRule, restore_trained, train_and_evaluate
-    from deq_jax.training.selection import restore_selected
+    from deq_jax.training.run.selection import restore_selected
 
     config = prefix_sum.get_config("smoke")
     config.deq.solver.tol = 1e-6

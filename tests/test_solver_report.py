@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from deq_jax.training.hypersolver import REPORT_FILE, read_solver_report
+from deq_jax.training.solver_fit.hypersolver import REPORT_FILE, read_solver_report
 
 
 def test_reads_the_report_a_fit_wrote(tmp_path):

@@ -14,9 +14,9 @@ from deq_jax import tasks
 from deq_jax.tasks import easy_to_hard_files, idx_files, text_corpus
 from deq_jax.tasks.errors import DataError, DataFormatError, DataNotFoundError
 from deq_jax.tasks.text_vocab import char_vocabulary
-from deq_jax.training import checkpoint
-from deq_jax.training.lm_setup import VocabularyMismatchError, check_vocabulary
-from deq_jax.training.workdir import WorkdirError, WorkdirLockedError, ensure_workdir
+from deq_jax.training.families.lm_setup import VocabularyMismatchError, check_vocabulary
+from deq_jax.training.run import checkpoint
+from deq_jax.training.run.workdir import WorkdirError, WorkdirLockedError, ensure_workdir
 from launch import flags as launch_flags
 
 FASHION = ("configs/mdeq_fashion_mnist.py:smoke",)

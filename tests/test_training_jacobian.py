@@ -19,12 +19,11 @@ from deq_jax.training import (
     make_train_step,
     regression_loss,
     setup,
-    sharding,
     train_and_evaluate,
-    writers,
 )
-from deq_jax.training.evaluate import device_batch
-from deq_jax.training.metrics import is_regression
+from deq_jax.training.families.evaluate import device_batch
+from deq_jax.training.families.metrics import is_regression
+from deq_jax.training.run import sharding, writers
 from experiments.jacobian import plots as jacobian_plots
 from experiments.jacobian import report as jacobian_report
 
@@ -328,7 +327,7 @@ def test_frequency_draws_the_term_on_some_steps(synthetic_run):
 def test_masked_draw_matches_the_conditional(synthetic_run, monkeypatch):
     # On CPU (branches_are_slow) the drawn term is masked instead of skipped by a
     # lax.cond: the same draws, losses, metrics and parameters either way.
-    from deq_jax.training import steps as steps_module
+    from deq_jax.training.families import steps as steps_module
 
     assert steps_module.branches_are_slow(synthetic_run[0].mesh)  # the suite runs on CPU
     reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_freq=0.5)
@@ -349,7 +348,7 @@ def test_masked_draw_matches_the_conditional(synthetic_run, monkeypatch):
 @pytest.mark.parametrize("masked", [True, False])
 def test_stop_step_trains_on_the_task_loss_after_it(synthetic_run, monkeypatch, masked):
     # Both ways of skipping the term (masked on CPU, `lax.cond` elsewhere) stop it.
-    from deq_jax.training import steps as steps_module
+    from deq_jax.training.families import steps as steps_module
 
     monkeypatch.setattr(steps_module, "branches_are_slow", lambda mesh: masked)
     reg = JacobianRegularizer(jacobian_weight=1.0, jacobian_stop_step=3)

@@ -25,8 +25,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from deq_jax.nn import DEQ, DEQSpec, with_spec
 from deq_jax.nn.cells import MLPCell
-from deq_jax.training import PREEMPTED_EXIT_STATUS, footprint, read_metrics, sharding
-from deq_jax.training.checkpoint import saved_steps
+from deq_jax.training import PREEMPTED_EXIT_STATUS, read_metrics
+from deq_jax.training.run import footprint, sharding
+from deq_jax.training.run.checkpoint import saved_steps
 
 _SCRIPT = """
 import sys
@@ -303,3 +304,14 @@ def _trained(workdir) -> list[int]:
     if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
         return []
     return [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "train"]
+
+
+def test_nudged_moves_every_parameter_one_rounding_away_from_zero():
+    """`mesh_runs.nudged`, the rounding envelope's start (benchmarks/mesh_matrix.py)."""
+    params = {"w": jnp.array([1.0, -2.0, 3e-8], jnp.float32), "b": jnp.zeros((2,))}
+    moved = mesh_runs.nudged(params, 2)
+    w = np.asarray(params["w"])
+    expected = np.nextafter(np.nextafter(w, np.copysign(np.inf, w)), np.copysign(np.inf, w))
+    np.testing.assert_array_equal(np.asarray(moved["w"]), expected)
+    assert np.all(np.abs(np.asarray(moved["w"])) > np.abs(w))
+    assert np.all(np.asarray(moved["b"]) > 0) and moved["w"].sharding == params["w"].sharding

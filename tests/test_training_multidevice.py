@@ -18,8 +18,8 @@ from deq_jax.training import (
     restore_trained,
     setup,
     train_and_evaluate,
-    writers,
 )
+from deq_jax.training.run import writers
 
 workdir, data_dir = sys.argv[1], sys.argv[2]
 config = prefix_sum.get_config("smoke")

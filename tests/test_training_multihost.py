@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from configs import prefix_sum
-from deq_jax.training import restore_trained, sharding, writers
+from deq_jax.training import restore_trained
+from deq_jax.training.run import sharding, writers
 from launch import multiprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

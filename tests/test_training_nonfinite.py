@@ -9,20 +9,21 @@ from test_lm_training import smoke_config as lm_smoke_config
 from test_lm_training import write_corpus
 
 from configs import prefix_sum
-from deq_jax.training import setup, sharding
-from deq_jax.training.evaluate import device_batch
-from deq_jax.training.lm_evaluate import lm_device_batch
-from deq_jax.training.lm_setup import setup_language_model
-from deq_jax.training.lm_steps import make_lm_train_step
-from deq_jax.training.nonfinite import (
+from deq_jax.training import setup
+from deq_jax.training.families.evaluate import device_batch
+from deq_jax.training.families.lm_evaluate import lm_device_batch
+from deq_jax.training.families.lm_setup import setup_language_model
+from deq_jax.training.families.lm_steps import make_lm_train_step
+from deq_jax.training.families.steps import make_train_step
+from deq_jax.training.loop.train import interval_mean
+from deq_jax.training.run import sharding
+from deq_jax.training.run.nonfinite import (
     SKIPPED,
     NonFiniteLossError,
     NonFiniteSteps,
     finite_memory,
     logged,
 )
-from deq_jax.training.steps import make_train_step
-from deq_jax.training.train import interval_mean
 
 
 def _identical(a, b):
@@ -156,8 +157,8 @@ import json, sys
 import jax, numpy as np
 from configs import prefix_sum
 from deq_jax.training import setup, sharding
-from deq_jax.training.evaluate import device_batch
-from deq_jax.training.steps import make_train_step
+from deq_jax.training.families.evaluate import device_batch
+from deq_jax.training.families.steps import make_train_step
 
 config = prefix_sum.get_config("smoke")
 config.task.data_dir = sys.argv[2]

@@ -12,16 +12,10 @@ import numpy as np
 import pytest
 
 from configs import prefix_sum
-from deq_jax.training import (
-    build,
-    evaluate_checkpoint,
-    selection,
-    setup,
-    train_and_evaluate,
-    writers,
-)
-from deq_jax.training.checkpoint import CheckpointMismatchError
-from deq_jax.training.train import NonFiniteLossError
+from deq_jax.training import evaluate_checkpoint, setup, train_and_evaluate
+from deq_jax.training.loop.train import NonFiniteLossError
+from deq_jax.training.run import build, selection, writers
+from deq_jax.training.run.checkpoint import CheckpointMismatchError
 
 quiet = lambda line: None
 
@@ -248,7 +242,7 @@ def test_rerunning_a_finished_run_says_so_and_writes_nothing(finished):
 
 
 def test_earlier_report_is_the_one_written_at_or_before_the_restored_step(tmp_path):
-    from deq_jax.training.train import earlier_report
+    from deq_jax.training.loop.train import earlier_report
 
     assert earlier_report(str(tmp_path), "report.json", 6) is None  # no report
     (tmp_path / "report.json").write_text(json.dumps({"step": 6, "train_seconds": 5.0}))

@@ -13,8 +13,9 @@ from ml_collections import ConfigDict
 
 from configs import default
 from deq_jax.solvers.base import SolverStats
-from deq_jax.training import checkpoint, metrics, optim, sharding, writers
-from deq_jax.training.state import TrainState
+from deq_jax.training.families import metrics
+from deq_jax.training.run import checkpoint, optim, sharding, writers
+from deq_jax.training.run.state import TrainState
 
 
 def _train(**changes):
@@ -285,7 +286,7 @@ def test_prefix_sum_model_shapes_and_parameter_count():
 
 
 def test_report_title_fits_the_splits_and_metrics():
-    from deq_jax.training.evaluate import report_title
+    from deq_jax.training.families.evaluate import report_title
 
     lengths = ("test_16", "test_32")
     assert report_title(lengths, ["bit_accuracy", "string_accuracy"]) == "Per-length accuracy"

@@ -10,15 +10,16 @@ import pytest
 from ml_collections import ConfigDict
 
 from configs import default, prefix_sum
-from deq_jax.training import setup, sharding, train_and_evaluate
-from deq_jax.training.checkpoint import Checkpointer, CheckpointMismatchError
-from deq_jax.training.evaluate import RAW_SUFFIX, device_batch
-from deq_jax.training.nonfinite import SKIPPED, apply_if_finite
-from deq_jax.training.optim import averaged_params, make_optimizer, weight_average
-from deq_jax.training.selection import read_best_record
-from deq_jax.training.state import TrainState
-from deq_jax.training.steps import make_train_step
-from deq_jax.training.writers import read_metrics
+from deq_jax.training import setup, train_and_evaluate
+from deq_jax.training.families.evaluate import RAW_SUFFIX, device_batch
+from deq_jax.training.families.steps import make_train_step
+from deq_jax.training.run import sharding
+from deq_jax.training.run.checkpoint import Checkpointer, CheckpointMismatchError
+from deq_jax.training.run.nonfinite import SKIPPED, apply_if_finite
+from deq_jax.training.run.optim import averaged_params, make_optimizer, weight_average
+from deq_jax.training.run.selection import read_best_record
+from deq_jax.training.run.state import TrainState
+from deq_jax.training.run.writers import read_metrics
 
 
 def _toy_state(decay, **train):

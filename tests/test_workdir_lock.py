@@ -12,7 +12,7 @@ import time
 import pytest
 
 from deq_jax.training import train_and_evaluate
-from deq_jax.training.workdir import (
+from deq_jax.training.run.workdir import (
     LOCK_FILE,
     WorkdirError,
     WorkdirLock,

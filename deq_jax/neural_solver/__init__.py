@@ -6,8 +6,8 @@
   resolution of a multiscale state): `state_shape_of`, `pooled_channels`.
 * `neural_solver`: HyperAnderson with trained weights, a `deq_jax.Solver` usable in
   `deq_jax.fixed_point` and `deq_jax.nn.DEQ`; `init_neural_solver` builds an untrained one.
-* `neural_solver_loss`, `unroll`, `step_weights`, `step_errors`, `alpha_weight`
-  (`linear_decay`), `PAPER_WEIGHTS`: the training objective with the DEQ frozen.
+* `neural_solver_loss`, `unroll`, `step_weights`, `step_errors`, `batch_error`,
+  `alpha_weight` (`linear_decay`), `PAPER_WEIGHTS`: the training objective with the DEQ frozen.
 * `LearnedInit`: trained initialiser variables as a DEQ's ``z_init``.
 * Kernels: `normalize_alpha`, `hyper_anderson_update`, `hyper_anderson_step`,
   `pool_residual`, `history_features`.
@@ -55,6 +55,7 @@ from deq_jax.neural_solver.loss import (
     PAPER_WEIGHTS,
     Unrolled,
     alpha_weight,
+    batch_error,
     linear_decay,
     neural_solver_loss,
     step_errors,
@@ -102,6 +103,7 @@ __all__ = [
     "pool_residual",
     "pooled_channels",
     "state_shape_of",
+    "batch_error",
     "step_errors",
     "step_weights",
     "unroll",

@@ -8,13 +8,16 @@ steps from ``z_0 = h_phi(x)`` (differentiably, with `jax.lax.scan`) and minimisi
 
 with ``e(z) = ||z - z*||^2`` per sample (``error="absolute"``, the paper's) or
 ``||z - z*||^2 / ||z*||^2`` (``"relative"``: every sample weighs alike whatever the
-size of its state), averaged over the batch. The weights ``w_k`` grow linearly with ``k``
-and sum to one (later iterates matter more); the last term, Anderson's own objective,
-guides the early training of ``alpha`` and is decayed (`alpha_weight`: the paper's
-``l3`` goes linearly to ~5e-8 over the first 1.5-2k of its 4-5k steps). The paper's
-weights are ``l1 : l2 : l3 = 0.1 : 0.05 : 1e-4`` (language; ``0.1 : 0.02 : 1e-5`` for
-images). As in the paper (its Figure 3), ``h_phi`` learns from its own term only: the
-unroll starts from ``z_0`` with its gradient stopped (``detach_init``).
+size of its state), averaged over the batch; ``"log"`` takes the logarithm of that
+batch mean of relative errors, so that every tenfold reduction counts alike at every
+step and the tail, where the errors are small, keeps its share of the gradient. The
+weights ``w_k`` grow linearly with ``k`` and sum to one (later iterates matter more);
+the last term, Anderson's own objective, guides the early training of ``alpha`` and is
+decayed (`alpha_weight`: the paper's ``l3`` goes linearly to ~5e-8 over the first
+1.5-2k of its 4-5k steps). The paper's weights are ``l1 : l2 : l3 = 0.1 : 0.05 :
+1e-4`` (language; ``0.1 : 0.02 : 1e-5`` for images). As in the paper (its Figure 3),
+``h_phi`` learns from its own term only: the unroll starts from ``z_0`` with its
+gradient stopped (``detach_init``).
 
 References:
   Bai, Koltun & Kolter, "Neural Deep Equilibrium Solvers", ICLR 2022 (Sec. 4.2).
@@ -51,7 +54,7 @@ def step_weights(steps: int, dtype: Any = jnp.float32) -> jax.Array:
 
 
 # How an iterate's distance to ``z*`` is measured (`step_errors`).
-ERRORS = ("absolute", "relative")
+ERRORS = ("absolute", "relative", "log")
 
 # The paper's loss weights (Table 2, the language model): l1 (convergence), l2
 # (initialiser), l3 (alpha, at the start of its decay) and where l3 ends.
@@ -88,8 +91,9 @@ def alpha_weight(
 
 def step_errors(zs: jax.Array, target: jax.Array, error: str = "absolute") -> jax.Array:
     """Each sample's error of each iterate, ``zs [..., B, D]`` against ``target [B, D]``:
-    ``||z - z*||^2`` (``"absolute"``) or ``||z - z*||^2 / ||z*||^2`` (``"relative"``),
-    shape ``[..., B]``.
+    ``||z - z*||^2`` (``"absolute"``) or ``||z - z*||^2 / ||z*||^2`` (``"relative"``
+    and ``"log"``, whose logarithm `batch_error` takes after the batch mean), shape
+    ``[..., B]``.
 
     Raises:
       ValueError: for another ``error``.
@@ -101,6 +105,15 @@ def step_errors(zs: jax.Array, target: jax.Array, error: str = "absolute") -> ja
         return sq
     scale = jnp.sum(target**2, axis=-1)
     return sq / jnp.maximum(scale, jnp.finfo(sq.dtype).tiny)
+
+
+def batch_error(zs: jax.Array, target: jax.Array, error: str = "absolute") -> jax.Array:
+    """The batch mean of `step_errors`, ``[...]``; for ``"log"`` its logarithm (of the
+    mean relative error, floored at float32's smallest normal number)."""
+    mean = jnp.mean(step_errors(zs, target, error), axis=-1)
+    if error != "log":
+        return mean
+    return jnp.log(jnp.maximum(mean, jnp.finfo(mean.dtype).tiny))
 
 
 def unroll(
@@ -183,8 +196,8 @@ def neural_solver_loss(
       detach_init: start the unroll from ``z_0`` with its gradient stopped, so that
         ``h_phi`` learns from the ``l2`` term alone (the paper); ``False`` lets the
         convergence and ``||G alpha||^2`` terms train it too.
-      error: ``"absolute"`` or ``"relative"`` (see `step_errors`), for the
-        convergence and initialisation terms.
+      error: ``"absolute"``, ``"relative"`` or ``"log"`` (see `step_errors` and
+        `batch_error`), for the convergence and initialisation terms.
 
     Returns:
       ``(loss, metrics)`` with metrics ``conv``, ``init``, ``alpha`` (the three terms
@@ -213,9 +226,9 @@ def neural_solver_loss(
     z0_flat = _flat.flatten(z0, layout)
     start = jax.lax.stop_gradient(z0_flat) if detach_init else z0_flat
     out = unroll(solver, params["solver"], fn, start, steps, cell_gradient)
-    err = jnp.mean(step_errors(out.zs, target, error), axis=-1)  # [K]
+    err = batch_error(out.zs, target, error)  # [K]
     conv = jnp.sum(step_weights(steps, err.dtype) * err)
-    init = jnp.mean(step_errors(z0_flat, target, error))
+    init = batch_error(z0_flat, target, error)
     alpha = jnp.sum(jnp.mean(out.mixed_residual_sq, axis=-1))
     loss = l1 * conv + l2 * init + l3 * alpha
     final = jnp.linalg.norm(out.zs[-1] - target, axis=-1) / jnp.linalg.norm(target, axis=-1)

@@ -3,7 +3,7 @@
 The forward solver (with its tolerance), the backward mode, the initial state and the
 iteration budgets of training and evaluation travel together: one field of the `DEQ`
 layer and of every task model (``deq``), built from one ``config.deq`` section
-(`deq_jax.training.build.build_deq_spec`). A budget is applied where a solve is called
+(`deq_jax.training.run.build.build_deq_spec`). A budget is applied where a solve is called
 (`deq_jax.fixed_point`'s ``max_iter``), so one solver serves training, evaluation and
 analysis with different budgets.
 

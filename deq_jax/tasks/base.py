@@ -36,7 +36,7 @@ class Task(abc.ABC):
     # The held-out split that model selection scores by default (``"valid"``, CLRS's
     # ``"val"``), drawn from the training distribution and disjoint from the training
     # and test data; ``None``: the task has none, and selection falls back to its first
-    # eval split (`deq_jax.training.selection.SelectionRule`).
+    # eval split (`deq_jax.training.run.selection.SelectionRule`).
     validation_split: str | None = None
 
     @property
@@ -138,7 +138,7 @@ class Task(abc.ABC):
     def selection_metric(self) -> tuple[str, str]:
         """``(metric, "max" | "min")``: the eval metric that picks a run's best
         checkpoint on the validation split, and whether higher or lower is better
-        (`deq_jax.training.selection`). Here ``("accuracy", "max")`` for a classifier
+        (`deq_jax.training.run.selection`). Here ``("accuracy", "max")`` for a classifier
         and ``("mse", "min")`` for a regression (``num_classes`` is ``None``); a task
         whose headline metric is another overrides it."""
         if getattr(self, "num_classes", None) is None:
@@ -147,7 +147,7 @@ class Task(abc.ABC):
 
     def combine_metrics(self, combined: dict[str, float]) -> dict[str, float]:
         """A split's metrics from their count-weighted means over its batches
-        (`deq_jax.training.metrics.combine`). A task whose score is not a mean over
+        (`deq_jax.training.families.metrics.combine`). A task whose score is not a mean over
         examples recomputes it here from combined counts (CLRS's micro-F1), so the
         score does not depend on the eval batch size. The default keeps them."""
         return combined

@@ -3,7 +3,7 @@
 For each algorithm and mode, trains (or, when the run's workdir already holds its final
 checkpoint, loads) ``configs/clrs.py:<algorithm>`` with ``model.mode=<mode>`` in
 ``{workdir}/<algorithm>/<mode>``, evaluates every eval split of its best checkpoint on
-``val`` (`deq_jax.training.selection`, as CLRS selects; the row's ``scored_step``) at
+``val`` (`deq_jax.training.run.selection`, as CLRS selects; the row's ``scored_step``) at
 the model's eval budget and writes to ``{workdir}``:
 
 * ``clrs_report.json``: one row per run: the CLRS score (pointer accuracy, Kruskal's
@@ -70,7 +70,8 @@ from absl import app, flags
 
 from configs.clrs import MODES, clrs_config
 from deq_jax.models.clrs import ALGORITHMS, f1_from_counts
-from deq_jax.training import NonFiniteLossError, SettleRule, evaluate
+from deq_jax.training import NonFiniteLossError, SettleRule
+from deq_jax.training.families import evaluate
 from experiments.clrs import steps as clrs_steps
 from experiments.clrs.report_files import (
     combine_reports,

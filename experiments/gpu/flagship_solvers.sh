@@ -30,7 +30,8 @@ budgets=${BUDGETS:-4,8,12,18}
 mdeq_steps=${MDEQ_STEPS:-1900}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$out"
-stamp() { echo "[$(date +%T)] $*"; }
+# shellcheck source=experiments/gpu/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 stamp "LM ($lm_variant) throughput"
 timeout "${LM_SECONDS:-100}" "$py" -m launch.main --config "configs/lm_shakespeare.py:$lm_variant" \

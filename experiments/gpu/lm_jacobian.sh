@@ -33,7 +33,8 @@ weight=${WEIGHT:-0.1}
 freq=${FREQ:-0.4}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$out"
-stamp() { echo "[$(date +%T)] $*"; }
+# shellcheck source=experiments/gpu/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 common=(--config.task.path="$corpus" --config.train.steps="$steps"
   --config.train.pretrain_steps="$pretrain" --config.train.warmup_steps=$((steps / 10 + 1))

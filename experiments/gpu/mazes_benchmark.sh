@@ -32,7 +32,8 @@ max_iters=${MAX_ITERS:-30,60,120}
 py=${PYTHON:-python3}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 mkdir -p "$out"
-stamp() { echo "[$(date +%T)] $*"; }
+# shellcheck source=experiments/gpu/lib.sh
+source "$(dirname "$0")/lib.sh"
 seeds=(0 1 2)
 flags=(--config.regularizer.jacobian_weight=0.1 --config.regularizer.jacobian_freq=0.5)
 # shellcheck disable=SC2206  # EXTRA is a list of flags

@@ -40,19 +40,9 @@ fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 mkdir -p "$out"
-stamp() { echo "[$(date +%T)] $*"; }
-run() {  # run LIMIT_SECONDS LOG COMMAND...: one command, its output in LOG
-  local limit=$1 log=$2
-  shift 2
-  if [[ -n ${DRY_RUN:-} ]]; then
-    echo "$*"
-    return 0
-  fi
-  stamp "$* (log $log)"
-  timeout -s TERM "$limit" "$@" >"$log" 2>&1
-  stamp "exit $?"
-  tail -n 12 "$log"
-}
+# shellcheck source=experiments/gpu/lib.sh
+source experiments/gpu/lib.sh  # (the working directory is the repository)
+RUN_TAIL=${RUN_TAIL:-12}
 solver_config=configs/mdeq_fashion_mnist_hypersolver.py:$variant
 solver=(--config "$solver_config" --workdir "$out/solver" --config.task.dir="$fm"
   --config.neural_solver.deq_workdir="$out/mdeq")

@@ -43,20 +43,8 @@ size=${SIZE:-gpu}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/../.."
 mkdir -p "$out"
-stamp() { echo "[$(date +%T)] $*"; }
-run() {  # run LIMIT_SECONDS LOG COMMAND...: one command, its output in LOG
-  local limit=$1 log=$2
-  shift 2
-  if [[ -n ${DRY_RUN:-} ]]; then
-    echo "$*"
-    return 0
-  fi
-  stamp "$* (log $log)"
-  timeout -s TERM -k 60 "$limit" "$@" >"$log" 2>&1
-  local status=$?
-  stamp "exit $status"
-  return 0
-}
+# shellcheck source=experiments/gpu/lib.sh
+source experiments/gpu/lib.sh  # (the working directory is the repository)
 
 if [[ $size == smoke ]]; then
   lm_size=(--config configs/lm_shakespeare.py:smoke --vocab 12)

@@ -2,7 +2,7 @@
 
 Trains (or, when a run's workdir already holds its final checkpoint, loads) one run per
 Jacobian weight ``gamma``, scores each at its best checkpoint on validation
-(`deq_jax.training.selection`; ``scored_step`` in the JSON) and writes
+(`deq_jax.training.run.selection`; ``scored_step`` in the JSON) and writes
 ``{workdir}/jacobian_report.json`` and PNG figures:
 
 * ``synthetic_1d``: validation MSE, mean Anderson steps to relative residual 1e-3 and
@@ -114,9 +114,10 @@ def step_time(run: Any, config: Any, steps: int) -> dict[str, float]:
 
     Each variant is compiled and run twice before ``steps`` timed steps on one batch.
     """
-    from deq_jax.training import JacobianRegularizer, make_train_step, sharding
-    from deq_jax.training.evaluate import device_batch
-    from deq_jax.training.metrics import is_regression
+    from deq_jax.training import JacobianRegularizer, make_train_step
+    from deq_jax.training.families.evaluate import device_batch
+    from deq_jax.training.families.metrics import is_regression
+    from deq_jax.training.run import sharding
 
     batch = device_batch(next(run.task.train_iterator(config.train.batch_size, seed=0)), run.mesh)
     section = config.regularizer.to_dict()

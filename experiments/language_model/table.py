@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from launch import seeds
 
 _GROUPS = flags.DEFINE_multi_string("group", [], "name=workdir,workdir,... (one per group).")

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from experiments.neural_solver.pareto import summarize
 
 

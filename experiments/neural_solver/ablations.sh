@@ -16,6 +16,9 @@
 #   learned_beta / fixed_beta   beta learned / fixed at 1 (each task's other choice)
 #   steps200, steps3000         200 / 3,000 fit steps
 #   relative         the relative error
+#   log              the log of the batch's mean relative error (the tail keeps its weight)
+#   anderson_tail    the paper's fit, solving with Anderson on its history after K steps
+#   log_tail         both
 # Each run: OUT_DIR/VARIANT/sSEED/{fit.log, pareto.log, neural_solver.json,
 # solver_pareto.json}; the first sweep's Anderson rows are reused by the others
 # (--reuse_classic: the same DEQ, split and budgets). A finished run is skipped. Then
@@ -53,6 +56,9 @@ variant_flags() {
     steps200) echo "$ns.train_steps=200" ;;
     steps3000) echo "$ns.train_steps=3000" ;;
     relative) echo "$ns.error=relative" ;;
+    log) echo "$ns.error=log" ;;
+    anderson_tail) echo "$ns.anderson_tail=True" ;;
+    log_tail) echo "$ns.error=log $ns.anderson_tail=True" ;;
     *) echo "unknown variant $1" >&2; return 2 ;;
   esac
 }

@@ -39,9 +39,9 @@ from deq_jax import _flat
 from deq_jax.analysis.trajectory import solver_trajectory
 from deq_jax.neural_solver.loss import step_errors, step_weights, unroll
 from deq_jax.solvers.anderson import anderson
-from deq_jax.training.hypersolver import load_hypersolver, solver_family
-from deq_jax.training.solver_fit import NeuralSolverSpec
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
+from deq_jax.training.solver_fit.hypersolver import load_hypersolver, solver_family
+from deq_jax.training.solver_fit.spec import NeuralSolverSpec
 from experiments.neural_solver.plots import plot_diagnosis
 from launch import flags as launch_flags
 
@@ -99,9 +99,16 @@ def _mean(curves: list[dict[str, np.ndarray]]) -> dict[str, list[float]]:
     return {k: [float(v) for v in np.mean([c[k] for c in curves], axis=0)] for k in curves[0]}
 
 
-def loss_shares(fit_error: Sequence[float], unroll_steps: int) -> list[float]:
-    """Each trained step's share of the weighted convergence loss ``sum_k w_k e_k``."""
-    weighted = np.asarray(step_weights(unroll_steps)) * np.asarray(fit_error[:unroll_steps])
+def loss_shares(
+    fit_error: Sequence[float], unroll_steps: int, error: str = "absolute"
+) -> list[float]:
+    """Each trained step's share of the weighted convergence loss ``sum_k w_k e_k``; for
+    the ``"log"`` error, ``sum_k w_k log e_k``, where a step's share of a tenfold
+    reduction is its weight ``w_k`` whatever its error."""
+    weights = np.asarray(step_weights(unroll_steps))
+    if error == "log":
+        return [float(x) for x in weights]
+    weighted = weights * np.asarray(fit_error[:unroll_steps])
     return [float(x) for x in weighted / weighted.sum()]
 
 
@@ -133,7 +140,7 @@ def diagnose(
         chosen = list(itertools.islice(source, batches))
         report[name] = _mean([curves(t) for t in chosen])
         report[name]["examples"] = sum(int(np.size(t.rel_residual)) for t in chosen)
-    report["fit"]["loss_share"] = loss_shares(report["fit"]["fit_error"], unroll_steps)
+    report["fit"]["loss_share"] = loss_shares(report["fit"]["fit_error"], unroll_steps, spec.error)
     for line in _table(report):
         emit(line)
     path = os.path.join(workdir, REPORT_FILE)

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from experiments.neural_solver.pareto_lm import residual_curves_lm, sweep_lm, timed
 from launch import flags as launch_flags
 
@@ -134,7 +134,7 @@ def sweep(
     """``{solver: [row per budget]}`` of the ``lineup`` (`solver_lineup`) with time,
     residual, metric and nstep per row, on ``max_batches`` batches (0: the whole split);
     a solver in ``cached`` (its rows of an earlier sweep) is only timed."""
-    from deq_jax.training import evaluate, metrics, steps
+    from deq_jax.training.families import evaluate, metrics, steps
 
     deq, frozen = hyper.deq, hyper.frozen
     task, mesh, state = deq.task, deq.mesh, deq.state
@@ -274,8 +274,8 @@ def run_pareto(
     """Sweeps the ``solvers`` (every one of `solver_lineup` when empty; the classic ones'
     metrics read from ``reuse_classic``, an earlier report, when given: `reused_rows`),
     summarises, writes ``solver_pareto.json`` and the PNG; returns the report."""
-    from deq_jax.training.hypersolver import load_hypersolver, solver_family
-    from deq_jax.training.lm_hypersolver import LANGUAGE
+    from deq_jax.training.solver_fit.hypersolver import load_hypersolver, solver_family
+    from deq_jax.training.solver_fit.language import LANGUAGE
     from experiments.neural_solver.plots import plot_pareto
 
     hyper = load_hypersolver(config, workdir, emit)

@@ -26,7 +26,7 @@ def timed(fn: Callable[[], Any]) -> float:
 
 def _lm_segments(hyper: Any, split: str, batch_size: int, count: int, seq_len: int) -> list[Any]:
     """The first ``count`` segments of ``split`` in stream order (0: all), on the mesh."""
-    from deq_jax.training.lm_evaluate import lm_device_batch
+    from deq_jax.training.families.lm_evaluate import lm_device_batch
 
     run = hyper.deq
     batches = run.task.eval_iterator(split, batch_size, seq_len)
@@ -50,7 +50,7 @@ def sweep_lm(
     residual, steps); the time is that of the second segment batch with the memory of
     the first. A solver in ``cached`` (its rows of an earlier sweep of the same segments
     and budgets) is only timed."""
-    from deq_jax.training.lm_steps import make_lm_eval_step, place_memory
+    from deq_jax.training.families.lm_steps import make_lm_eval_step, place_memory
 
     run, frozen, cached = hyper.deq, hyper.frozen, cached or {}
     template = jax.tree_util.tree_map(np.asarray, run.model.init_mems(batch_size))

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deq_jax import analysis
-from deq_jax.training.evaluate import Evaluator
+from deq_jax.training.families.evaluate import Evaluator
 
 # Each run's analysis, kept in its workdir so a rerun of the report reuses it.
 ANALYSIS_FILE = "path_independence_analysis.json"

@@ -56,7 +56,7 @@ import jax
 from absl import app, flags
 
 from deq_jax.training import NonFiniteLossError
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 from experiments.path_independence import plots, runner, study
 from experiments.path_independence.analysis import (
     ANALYSIS_FILE,

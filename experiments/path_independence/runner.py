@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from deq_jax.training import NonFiniteLossError, setup, train_and_evaluate
-from deq_jax.training.writers import read_metrics, write_json, write_text
+from deq_jax.training.run.writers import read_metrics, write_json, write_text
 from experiments.path_independence import analysis, plots, study
 from launch.runs import check_run_config, quiet
 

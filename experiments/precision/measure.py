@@ -47,7 +47,7 @@ import deq_jax as dj
 from configs import lm_shakespeare
 from deq_jax import models
 from deq_jax.nn import DEQ, DEQSpec
-from deq_jax.training.lm_setup import restore_language_model
+from deq_jax.training.families.lm_setup import restore_language_model
 
 BF16 = "bfloat16"
 # (precision, floor margin) of each row; "float32" is true float32 on every backend

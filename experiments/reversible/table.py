@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from deq_jax.training.writers import write_json
+from deq_jax.training.run.writers import write_json
 
 _ROOT = flags.DEFINE_string("root", "", "The OUT directory of experiments/reversible/lm.sh.")
 _OUTPUT = flags.DEFINE_string("output", "", "Also write the rows as JSON here.")

@@ -308,7 +308,7 @@ class DEQTransformerLM(nn.Module):
             targets not shaped like tokens, a ``mems`` not shaped like
             ``init_mems(B)``, or a ``z0`` not ``[B, L, d_model]``. Under ``jit`` the
             ids are the caller's to check (the training loop checks every batch on the
-            host: `deq_jax.training.lm_evaluate.check_token_ids`).
+            host: `deq_jax.training.families.lm_evaluate.check_token_ids`).
         """
         memory = self._check(tokens, targets, mems)
         b, q_len = tokens.shape
