@@ -440,6 +440,13 @@ def test_the_one_loop_picks_the_language_model_family(corpus):
     assert isinstance(family_for(prefix_sum.get_config("smoke")), TaskFamily)
 
 
+def test_alternating_solver_training_is_refused_for_the_language_model(corpus, tmp_path):
+    config = smoke_config(corpus)
+    config.neural_solver.alternating = True
+    with pytest.raises(ValueError, match="alternating trains task models; LanguageModelFamily"):
+        train_and_evaluate(config, str(tmp_path / "lm"), emit=lambda line: None)
+
+
 def test_token_ids_outside_the_vocabulary_are_refused_before_the_step():
     batch = {"inputs": np.array([[0, 3], [1, 2]]), "targets": np.array([[3, 1], [2, 4]])}
     check_token_ids(batch, vocab_size=5)

@@ -59,6 +59,7 @@ from deq_jax.training.run.nonfinite import NonFiniteLossError  # noqa: F401 (re-
 from deq_jax.training.run.preemption import StopRequests
 from deq_jax.training.run.writers import read_metrics, write_text
 from deq_jax.training.solver_fit.alternating import AlternatingSolver
+from deq_jax.training.solver_fit.spec import NeuralSolverSpec
 
 # The config a run was trained under, written into its workdir at every start.
 CONFIG_FILE = "config.json"
@@ -166,6 +167,12 @@ def train_and_evaluate(
 def _train(config: Any, workdir: str, emit, family: Family, stop: StopRequests) -> RunResult:
     """`train_and_evaluate` once the workdir is held and the stop signals are caught."""
     tc = config.train
+    if NeuralSolverSpec.from_run_config(config).alternating and not family.alternates:
+        raise ValueError(
+            f"neural_solver.alternating trains task models; {type(family).__name__} fits "
+            "its neural solver after training (neural_solver.deq_workdir). Set "
+            "neural_solver.alternating=False."
+        )
     run = family.setup(config, workdir)
     start = run.start_step
     previous = earlier_report(workdir, family.report_file, start)
@@ -182,12 +189,6 @@ def _train(config: Any, workdir: str, emit, family: Family, stop: StopRequests) 
         f"workdir {workdir}"
     )
     alternating = AlternatingSolver.from_config(config, run.model, run.task, emit)
-    if alternating is not None and not family.alternates:
-        raise ValueError(
-            f"neural_solver.alternating trains task models; {family.describe(run)} fits its "
-            "neural solver after training (neural_solver.deq_workdir). Set "
-            "neural_solver.alternating=False."
-        )
     loop = Loop(config, workdir, family, run, emit, previous, stop, alternating)
     began = time.perf_counter()
     try:
