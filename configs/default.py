@@ -194,11 +194,18 @@ def smoke(
 
 # The ``*_hypersolver`` configs' own variants (next to their model's): ``previous`` is
 # the recipe before issue 79 (loss weights 1 : 1 : 0.1 with l3 decayed to 0 over the
-# whole fit, h_phi trained by every term, a pool of batches cycled; each config adds
-# its old length and detached steps).
+# whole fit, h_phi trained by every term, a pool of batches cycled, the learned update
+# past K; each config adds its old length and detached steps).
 HYPERSOLVER_VARIANTS = ("previous",)
 PREVIOUS_RECIPE = dict(
-    l1=1.0, l2=1.0, l3=0.1, l3_final=0.0, l3_decay=1.0, detach_init=False, fresh_batches=False
+    l1=1.0,
+    l2=1.0,
+    l3=0.1,
+    l3_final=0.0,
+    l3_decay=1.0,
+    detach_init=False,
+    fresh_batches=False,
+    anderson_tail=False,
 )
 
 

@@ -209,7 +209,7 @@ def test_hypersolver_run_checkpoints_and_reloads(hypersolver_run):
     assert solver == run.solvers["hyper_anderson"][0] and init == run.solvers["hyper_anderson"][1]
     assert loaded.solvers["no_init"][1] is None
     assert loaded.solvers["ls_alpha"][0].alpha_mode == "least_squares"
-    assert solver.anderson_after is None  # anderson_tail is off by default
+    assert solver.anderson_after == config.neural_solver.unroll_steps  # the Anderson tail
     assert solver.beta == loaded.solvers["no_init"][0].beta == 1.0
     assert loaded.solvers["ls_alpha"][0].beta is None
 
@@ -228,9 +228,13 @@ def test_spec_of_a_run_reads_its_budgets_from_deq():
 
 
 def test_spec_anderson_tail_hands_over_after_the_trained_k():
-    section = dict(digits_hypersolver.get_config().neural_solver.to_dict(), anderson_tail=True)
+    section = digits_hypersolver.get_config().neural_solver.to_dict()
     tailed = NeuralSolverSpec.from_config(section).untrained_solver(jax.random.PRNGKey(0), (4,))
-    assert tailed.anderson_after == section["unroll_steps"] == 10
+    assert tailed.anderson_after == section["unroll_steps"] == 10  # the default
+    learned = NeuralSolverSpec.from_config(dict(section, anderson_tail=False))
+    assert learned.untrained_solver(jax.random.PRNGKey(0), (4,)).anderson_after is None
+    previous = digits_hypersolver.get_config("previous").neural_solver
+    assert previous.anderson_tail is False
 
 
 def test_hypersolver_without_checkpoint_says_what_to_do(tmp_path):
@@ -292,7 +296,7 @@ def test_solver_pareto_writes_curves_and_summary(hypersolver_run):
         "broyden",
         "fixed_point_iteration",
         "hyper_anderson",
-        "hyper_anderson_tail",
+        "hyper_anderson_no_tail",
         "init_only",
         "no_init",
         "ls_alpha",

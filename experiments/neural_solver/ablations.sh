@@ -8,7 +8,9 @@
 # TASK: prefix_sum (configs/prefix_sum_hypersolver.py; test_32, 2,000 examples, budgets
 # 8..32) or lm_jacobian (configs/lm_shakespeare_hypersolver.py:jacobian; the whole
 # validation split, budgets 2..12). VARIANTs (default: all, in this order):
-#   paper            the default: the paper's recipe
+#   paper            the default: the paper's recipe (with the Anderson tail since issue 79's
+#                    second session; the rows measured before it had none: no_tail)
+#   no_tail          the paper's recipe with the learned update past K
 #   previous         the recipe before issue 79 (the configs' :previous)
 #   weights_previous the paper's recipe with the earlier weights 1 : 1 : 0.1 (l3 decayed to 0
 #                    over the whole fit)
@@ -18,6 +20,7 @@
 #   relative         the relative error
 #   log              the log of the batch's mean relative error (the tail keeps its weight)
 #   anderson_tail    the paper's fit, solving with Anderson on its history after K steps
+#                    (now the default; kept for the runs that named it)
 #   log_tail         both
 # Each run: OUT_DIR/VARIANT/sSEED/{fit.log, pareto.log, neural_solver.json,
 # solver_pareto.json}; the first sweep's Anderson rows are reused by the others
@@ -58,6 +61,7 @@ variant_flags() {
     relative) echo "$ns.error=relative" ;;
     log) echo "$ns.error=log" ;;
     anderson_tail) echo "$ns.anderson_tail=True" ;;
+    no_tail) echo "$ns.anderson_tail=False" ;;
     log_tail) echo "$ns.error=log $ns.anderson_tail=True" ;;
     *) echo "unknown variant $1" >&2; return 2 ;;
   esac

@@ -75,8 +75,10 @@ def solver_lineup(hyper: Any, only: Sequence[str] = ()) -> dict[str, tuple[Any, 
     (those named in ``only``, when given).
 
     Besides the fitted variants: ``init_only`` (the trained initialiser with Anderson)
-    and, for a solver fitted without ``anderson_tail``, ``hyper_anderson_tail`` (the
-    same solver handing over to Anderson after the ``K`` steps it was trained on).
+    and the other side of ``anderson_tail``: ``hyper_anderson_tail`` for a solver fitted
+    without it (the same solver handing over to Anderson after the ``K`` steps it was
+    trained on), ``hyper_anderson_no_tail`` for one fitted with it (the learned update
+    at every step).
 
     Raises:
       ValueError: for a name in ``only`` that is not in the lineup.
@@ -94,6 +96,8 @@ def solver_lineup(hyper: Any, only: Sequence[str] = ()) -> dict[str, tuple[Any, 
     if main.anderson_after is None:  # also the hand-over to Anderson past the trained K
         unroll = int(hyper.report["spec"]["unroll_steps"])
         lineup["hyper_anderson_tail"] = (main.replace(anderson_after=unroll), main_init or "zeros")
+    else:  # also the learned update past K
+        lineup["hyper_anderson_no_tail"] = (main.replace(anderson_after=None), main_init or "zeros")
     if main_init is not None:
         lineup["init_only"] = (solvers.anderson(m=5), main_init)
     unknown = sorted(set(only) - set(lineup))

@@ -29,6 +29,7 @@ _STYLES = {
     "fixed_point_iteration": ("tab:gray", "-"),
     "hyper_anderson": ("tab:red", "-"),
     "hyper_anderson_tail": ("tab:brown", "-."),
+    "hyper_anderson_no_tail": ("tab:brown", ":"),
     "no_init": ("tab:red", ":"),
     "ls_alpha": ("tab:purple", "--"),
     "init_only": ("tab:green", "--"),

@@ -60,7 +60,9 @@ class NeuralSolverSpec:
         solver for it instead of training a DEQ.
       m, hidden, kernel_size, pool: the `neural_solver` network.
       anderson_tail: past the ``unroll_steps`` it was trained on, the solver hands over
-        to plain Anderson on its history (`neural_solver`'s ``anderson_after``).
+        to plain Anderson on its history (`neural_solver`'s ``anderson_after``); on by
+        default (issue 79: the same solves up to ``K``, and at ``2K`` a residual at
+        Anderson's instead of 20-45x above it); ``False`` keeps the learned update.
       learn_beta: the network predicts the damping ``beta`` (the paper's solver);
         ``False`` fixes ``beta = 1``, the undamped update that skips a pass over the
         stored residuals every step (`neural_solver`'s ``beta``). The least-squares
@@ -112,7 +114,7 @@ class NeuralSolverSpec:
     hidden: int = 32
     kernel_size: int = 3
     pool: str = "mean"
-    anderson_tail: bool = False
+    anderson_tail: bool = True
     learn_beta: bool = True
     init_hidden: int = 0
     init_kernel_size: int = 3
