@@ -91,7 +91,7 @@ def lines(rows: list[dict[str, Any]]) -> list[str]:
         "evaluations | speed-up in time | residual at K / 2K | Anderson at 2K | fit s "
         "(targets s) |"
     )
-    out = [head, "|" + " --- |" * 10]
+    out = [head, "|" + " --- |" * (head.count(" | ") + 1)]
     for r in rows:
         budgets = ", ".join("-" if b is None else str(b) for b in r["budget"])
         out.append(
