@@ -92,7 +92,8 @@ def _close(new, old, rtol=1e-10):
         np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=jax.tree_util.keystr(path))
 
 
-@pytest.mark.parametrize("mode", ["weight_tied", "deq"])
+# The weight-tied mode runs the same modules unrolled: slow (24 s in CI), the DEQ in CI.
+@pytest.mark.parametrize("mode", [pytest.param("weight_tied", marks=pytest.mark.slow), "deq"])
 def test_outputs_and_gradients_are_the_previous_implementations(x64, previous, mode):
     model = MDEQ(num_classes=5, deq=SPEC, mode=mode, **FIELDS)
     x = jax.random.normal(jax.random.key(1), (3, 8, 8, 1), jnp.float64)
