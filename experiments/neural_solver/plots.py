@@ -56,6 +56,11 @@ def plot_pareto(report: dict[str, Any], path: str) -> str:
     axes[2].axvline(report["unroll_steps"], color="black", lw=0.5, ls=":")
     axes[2].set_title("residual vs step (dotted: trained K)")
     axes[0].legend(fontsize=7)
+    return _save(fig, axes, path)
+
+
+def _save(fig: Any, axes: Any, path: str) -> str:
+    """Grids ``axes``, writes ``fig`` to ``path`` and closes it; returns ``path``."""
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -95,9 +100,4 @@ def plot_diagnosis(report: dict[str, Any], path: str) -> str:
     axes[2].axvline(k, color="black", lw=0.5, ls=":")
     axes[2].set(xlabel="solver step", title="the learned update (fit batches)")
     axes[2].legend(fontsize=7)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, axes, path)

@@ -167,7 +167,8 @@ def train_and_evaluate(
 def _train(config: Any, workdir: str, emit, family: Family, stop: StopRequests) -> RunResult:
     """`train_and_evaluate` once the workdir is held and the stop signals are caught."""
     tc = config.train
-    if NeuralSolverSpec.from_run_config(config).alternating and not family.alternates:
+    solver_spec = NeuralSolverSpec.from_run_config(config)
+    if solver_spec.alternating and not family.alternates:
         raise ValueError(
             f"neural_solver.alternating trains task models; {type(family).__name__} fits "
             "its neural solver after training (neural_solver.deq_workdir). Set "
@@ -188,7 +189,9 @@ def _train(config: Any, workdir: str, emit, family: Family, stop: StopRequests) 
         f"{'resuming from step ' + str(start) if start else 'starting from scratch'}; "
         f"workdir {workdir}"
     )
-    alternating = AlternatingSolver.from_config(config, run.model, run.task, emit)
+    alternating = None
+    if solver_spec.alternating:
+        alternating = AlternatingSolver(solver_spec, run.model, run.task, emit)
     loop = Loop(config, workdir, family, run, emit, previous, stop, alternating)
     began = time.perf_counter()
     try:

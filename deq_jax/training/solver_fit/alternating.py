@@ -50,15 +50,6 @@ class AlternatingSolver:
         # The transforms of evaluation: no augmentation of the solver's batches.
         self._batches = task.train_iterator(spec.batch_size, seed=spec.seed + 1, augment=False)
 
-    @classmethod
-    def from_config(
-        cls, config: Any, model: nn.Module, task: Any, emit: Callable[[str], None]
-    ) -> AlternatingSolver | None:
-        """The alternating mode of a run's config, or ``None`` when
-        ``neural_solver.alternating`` is off."""
-        spec = NeuralSolverSpec.from_run_config(config)
-        return cls(spec, model, task, emit) if spec.alternating else None
-
     def model_for(self, step: int, start: int, state: Any) -> nn.Module | None:
         """The training loop's hook: the model with a (re)fitted solver when one is
         `due` before step ``step``, else ``None`` (the model stays)."""
